@@ -1,0 +1,98 @@
+"""The engine process: ZMQ in, EngineCore steps, ZMQ out.
+
+The loop never blocks while there is work: it drains the inbox without waiting, runs one step,
+and sends that step's outputs. When idle it waits on the socket (bounded) and checks the KV
+pool's conservation invariant. It exits on a shutdown ControlReq, on SIGTERM, or when the
+frontend (its parent) is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+
+import zmq
+
+from sglang_pd.engine.engine_core import EngineCore
+from sglang_pd.protocol import (
+    AbortReq, BatchOut, ControlReq, ControlResp, EngineReady, GenerateReq, decode_to_engine, encode,
+)
+from sglang_pd.server_args import ServerArgs
+
+logger = logging.getLogger("sglang_pd.engine")
+
+IDLE_POLL_MS = 50
+STATS_INTERVAL_S = 1.0
+
+
+def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:
+    logging.basicConfig(level=server_args.log_level.upper(),
+                        format="%(asctime)s [engine] %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend owns Ctrl-C and tells us
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
+    parent = os.getppid()
+    try:
+        core = EngineCore(server_args)
+    except Exception as exc:
+        logger.exception("engine failed to start")
+        ready_conn.send_bytes(encode(EngineReady(ok=False, error=f"{type(exc).__name__}: {exc}")))
+        return
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(server_args.frontend_to_engine_addr)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.connect(server_args.engine_to_frontend_addr)
+    ready_conn.send_bytes(encode(core.ready_info()))
+    try:
+        _loop(core, inbox, outbox, stop, parent)
+    finally:
+        inbox.close(linger=0)
+        outbox.close(linger=500)
+        ctx.term()
+        logger.info("engine stopped")
+
+
+def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, parent: int) -> None:
+    last_stats = 0.0
+    last_parent_check = time.monotonic()
+    while not stop["flag"]:
+        if not core.has_work:
+            if inbox.poll(IDLE_POLL_MS) == 0:
+                core.scheduler.check_integrity()
+        replies: list[ControlResp] = []
+        while True:
+            try:
+                data = inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            msg = decode_to_engine(data)
+            if isinstance(msg, GenerateReq):
+                core.add_request(msg)
+            elif isinstance(msg, AbortReq):
+                core.abort(msg.rid)
+            elif isinstance(msg, ControlReq):
+                if msg.method == "shutdown":
+                    stop["flag"] = True
+                    core.abort("", "server shutting down")
+                    replies.append(ControlResp(msg.call_id, True))
+                else:
+                    replies.append(core.control(msg))
+        outputs = core.step() if core.has_work or core.outbox else []
+        now = time.monotonic()
+        stats = None
+        if now - last_stats >= STATS_INTERVAL_S or outputs:
+            stats = core.stats()
+            last_stats = now
+        if outputs or stats is not None:
+            outbox.send(encode(BatchOut(outputs=outputs, stats=stats)))
+        for reply in replies:
+            outbox.send(encode(reply))
+        if now - last_parent_check > 1.0:
+            last_parent_check = now
+            if os.getppid() != parent:
+                logger.warning("frontend process is gone; engine exiting")
+                return

@@ -1,0 +1,53 @@
+"""The per-step batch handed to the model: the contract between model runner, models and
+attention backends.
+
+Everything here is built once per step by the model runner (one loop per request, never per
+token) and read by the model layers and the attention backend. Models never see requests or
+pages: only token ids, positions, and where each new token's K/V goes in the paged pool.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang_pd.engine.attention.base import AttentionBackend
+    from sglang_pd.engine.kv_pool import KVPool
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill or a prefill chunk: >= 1 new tokens per request
+    DECODE = "decode"  # exactly one new token per request
+
+
+@dataclass(eq=False)
+class ForwardBatch:
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64: the new tokens of all requests, concatenated
+    positions: torch.Tensor  # [T] int64: position of each new token in its sequence
+    out_cache_loc: torch.Tensor  # [T] int64: KV slot (page * page_size + offset) per new token
+    seq_lens: torch.Tensor  # [B] int64 (CPU): KV length of each request *after* this step
+    extend_lens: torch.Tensor  # [B] int64 (CPU): new tokens of each request in this step
+    # [B, max(seq_lens)] int64: KV slot of every token of each request (0 = dummy slot past the
+    # end). Slot 0 lies in the reserved dummy page 0, which is never allocated.
+    token_slots: torch.Tensor
+    kv_pool: KVPool
+    attn_backend: AttentionBackend
+    attn_metadata: Any = field(default=None)  # filled by attn_backend.init_forward_metadata
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def last_token_indices(self) -> torch.Tensor:
+        """Index into the T new tokens of each request's last new token ([B])."""
+        return torch.cumsum(self.extend_lens, 0) - 1

@@ -1,0 +1,85 @@
+"""Model runner: turns a scheduled step into one ForwardBatch, runs the model, returns logits.
+
+Batch tensors are built once per step with one loop per request (never per token).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from sglang_pd.engine.attention.base import AttentionBackend
+from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.kv_pool import KVPool
+from sglang_pd.engine.request import Req
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend) -> None:
+        self.model = model
+        self.kv_pool = kv_pool
+        self.attn_backend = attn_backend
+        self.page_size = kv_pool.page_size
+        self._page_offsets = torch.arange(self.page_size, dtype=torch.long)
+
+    def _token_slots(self, reqs: Sequence[Req], seq_lens: list[int]) -> torch.Tensor:
+        """[B, max(seq_lens)] KV slot of every token; padding points into dummy page 0."""
+        max_pages = max(len(r.pages) for r in reqs)
+        table = torch.zeros((len(reqs), max_pages), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            table[i, : len(r.pages)] = torch.tensor(r.pages, dtype=torch.long)
+        slots = (table[:, :, None] * self.page_size + self._page_offsets).view(len(reqs), -1)
+        return slots[:, : max(seq_lens)]
+
+    def _slot(self, req: Req, pos: int) -> int:
+        return req.pages[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def build_extend(self, plan: Sequence[tuple[Req, int]]) -> ForwardBatch:
+        reqs = [r for r, _ in plan]
+        ids: list[int] = []
+        positions: list[int] = []
+        out_loc: list[int] = []
+        seq_lens: list[int] = []
+        extend_lens: list[int] = []
+        S = self.page_size
+        for r, n in plan:
+            start, end = r.kv_len, r.kv_len + n
+            ids.extend(r.token_ids(start, end))
+            positions.extend(range(start, end))
+            # slots of positions [start, end): page-wise ranges, not per-token arithmetic
+            for page_idx in range(start // S, (end - 1) // S + 1):
+                lo, hi = max(start, page_idx * S), min(end, (page_idx + 1) * S)
+                base = r.pages[page_idx] * S - page_idx * S
+                out_loc.extend(range(base + lo, base + hi))
+            seq_lens.append(end)
+            extend_lens.append(n)
+        return self._batch(ForwardMode.EXTEND, reqs, ids, positions, out_loc, seq_lens, extend_lens)
+
+    def build_decode(self, reqs: Sequence[Req]) -> ForwardBatch:
+        ids = [r.output_ids[-1] for r in reqs]
+        positions = [r.kv_len for r in reqs]
+        out_loc = [self._slot(r, r.kv_len) for r in reqs]
+        seq_lens = [r.kv_len + 1 for r in reqs]
+        return self._batch(ForwardMode.DECODE, reqs, ids, positions, out_loc, seq_lens, [1] * len(reqs))
+
+    def _batch(self, mode: ForwardMode, reqs: Sequence[Req], ids: list[int], positions: list[int],
+               out_loc: list[int], seq_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+        batch = ForwardBatch(
+            mode=mode,
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            out_cache_loc=torch.tensor(out_loc, dtype=torch.long),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long),
+            extend_lens=torch.tensor(extend_lens, dtype=torch.long),
+            token_slots=self._token_slots(reqs, seq_lens),
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+        )
+        self.attn_backend.init_forward_metadata(batch)
+        return batch
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits [B, vocab] of each request's last new token."""
+        return self.model.forward(batch).float()

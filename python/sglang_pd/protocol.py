@@ -1,0 +1,187 @@
+"""Every message that crosses a process boundary, as msgspec structs (never pickle).
+
+Channels (ZMQ PUSH/PULL over ipc://):
+  frontend -> engine: GenerateReq | AbortReq | ControlReq
+  engine -> frontend: BatchOut | ControlResp
+Decoding uses the tagged unions ``ToEngine`` / ``FromEngine``.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True):
+    """SGLang's sampling parameters (names and meaning as in SGLang's /generate)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: int | None = None
+    n: int = 1
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self, vocab_size: int | None = None) -> str | None:
+        """Return a message naming the first bad value (and what is allowed), or None."""
+        checks: list[tuple[bool, str]] = [
+            (self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}"),
+            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
+            (-2.0 <= self.frequency_penalty <= 2.0,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0,
+             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (0.0 < self.repetition_penalty <= 2.0,
+             f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}"),
+            (0 <= self.min_new_tokens <= max(self.max_new_tokens, 0),
+             f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}"),
+            (self.n == 1, f"n must be 1 (parallel sampling is not supported), got {self.n}"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
+        ]
+        if vocab_size is not None:
+            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+            checks.append((not bad, f"stop_token_ids {bad} outside the vocabulary [0, {vocab_size})"))
+        for ok, message in checks:
+            if not ok:
+                return message
+        return None
+
+
+class SloSpec(msgspec.Struct, omit_defaults=True):
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+class BootstrapInfo(msgspec.Struct, omit_defaults=True):
+    """SGLang's PD fields: where the prefill's bootstrap server is and the room id."""
+
+    host: str
+    port: int
+    room: int
+
+
+class GenerateReq(msgspec.Struct, tag="generate"):
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    arrival_time: float = 0.0  # time.time() at the frontend
+    slo: SloSpec | None = None
+    bootstrap: BootstrapInfo | None = None
+
+
+class AbortReq(msgspec.Struct, tag="abort"):
+    rid: str  # "" aborts every request
+
+
+class ControlReq(msgspec.Struct, tag="control"):
+    """Request/response calls into the engine (flush_cache, get_load, ...)."""
+
+    call_id: int
+    method: str
+    args: dict[str, str | int | float | bool] = {}
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    logprob: float
+    token_id: int
+
+
+class ReqOutput(msgspec.Struct, omit_defaults=True):
+    """New tokens of one request since the last BatchOut (incremental, never cumulative)."""
+
+    rid: str
+    new_token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    # None while running; else {"type": "stop"|"length"|"abort", "matched"/"length"/"message": ...}
+    finish_reason: dict[str, str | int | None] | None = None
+    # one entry per new token when return_logprob
+    output_token_logprobs: list[TokenLogprob] | None = None
+    output_top_logprobs: list[list[TokenLogprob]] | None = None
+    error_status: int = 0  # HTTP status for engine-side rejections (400, 503 ...); 0 = none
+
+
+class EngineStats(msgspec.Struct):
+    num_running_reqs: int
+    num_queue_reqs: int
+    token_usage: float  # used KV tokens / pool tokens
+    gen_throughput: float  # generated tokens/s over the last stats window
+    num_used_tokens: int
+    max_total_num_tokens: int
+
+
+class BatchOut(msgspec.Struct, tag="batch_out"):
+    outputs: list[ReqOutput]
+    stats: EngineStats | None = None
+
+
+class ControlResp(msgspec.Struct, tag="control_resp"):
+    call_id: int
+    ok: bool
+    result: dict[str, str | int | float | bool | None] = {}
+    error: str = ""
+
+
+class EngineReady(msgspec.Struct):
+    """Sent once by the engine process over its startup pipe (error set when it failed)."""
+
+    ok: bool
+    error: str = ""
+    model_path: str = ""
+    served_model_name: str = ""
+    architecture: str = ""
+    context_length: int = 0
+    vocab_size: int = 0
+    eos_token_ids: list[int] = []
+    max_total_num_tokens: int = 0
+    max_running_requests: int = 0
+    page_size: int = 0
+    num_pages: int = 0
+    disaggregation_mode: str = "colocated"
+
+
+ToEngine = Union[GenerateReq, AbortReq, ControlReq]
+FromEngine = Union[BatchOut, ControlResp]
+
+_encoder = msgspec.msgpack.Encoder()
+_to_engine = msgspec.msgpack.Decoder(ToEngine)
+_from_engine = msgspec.msgpack.Decoder(FromEngine)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_engine_ready(data: bytes) -> EngineReady:
+    return msgspec.msgpack.decode(data, type=EngineReady)
+
+
+def decode_to_engine(data: bytes) -> GenerateReq | AbortReq | ControlReq:
+    return _to_engine.decode(data)
+
+
+def decode_from_engine(data: bytes) -> BatchOut | ControlResp:
+    return _from_engine.decode(data)

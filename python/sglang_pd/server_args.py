@@ -1,0 +1,143 @@
+"""All server settings in one dataclass; CLI flag names follow SGLang's."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+DISAGG_MODES = ("colocated", "prefill", "decode")
+# SGLang calls colocated mode "null"; accept it as an alias.
+_MODE_ALIASES = {"null": "colocated", "none": "colocated"}
+
+
+@dataclass
+class ServerArgs:
+    model_path: str
+    tokenizer_path: str | None = None
+    load_format: str = "auto"  # auto | dummy
+    skip_tokenizer_init: bool = False
+    dtype: str = "auto"  # auto (config's dtype; float32 on CPU) | float32 | bfloat16 | float16
+    device: str = "cpu"
+    served_model_name: str | None = None
+    context_length: int | None = None
+    trust_remote_code: bool = False  # accepted for compatibility; nothing remote is ever run
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    enable_metrics: bool = True  # /metrics is always served; flag kept for SGLang compatibility
+    log_level: str = "info"
+    log_requests: bool = False
+    # memory and batching
+    page_size: int = 16
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    chunked_prefill_size: int = 2048
+    max_prefill_tokens: int = 16384
+    max_running_requests: int = 256
+    schedule_policy: str = "fcfs"
+    attention_backend: str = "torch"
+    random_seed: int = 0
+    tp_size: int = 1
+    # disaggregation
+    disaggregation_mode: str = "colocated"
+    disaggregation_transfer_backend: str = "nixl"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: str | None = None  # accepted; UCX picks devices from UCX_NET_DEVICES
+    num_reserved_decode_tokens: int = 512
+    # where the frontend and engine processes meet (derived per server if unset)
+    ipc_dir: str = field(default="")
+
+    def __post_init__(self) -> None:
+        self.disaggregation_mode = _MODE_ALIASES.get(self.disaggregation_mode, self.disaggregation_mode)
+        problems = []
+        if self.disaggregation_mode not in DISAGG_MODES:
+            problems.append(f"--mode must be one of {DISAGG_MODES}, got {self.disaggregation_mode!r}")
+        if self.page_size < 1:
+            problems.append(f"--page-size must be >= 1, got {self.page_size}")
+        if self.chunked_prefill_size < 1:
+            problems.append(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
+        if self.max_running_requests < 1:
+            problems.append(f"--max-running-requests must be >= 1, got {self.max_running_requests}")
+        if self.tp_size != 1:
+            problems.append(f"--tp-size {self.tp_size} is not supported yet (only 1)")
+        if self.load_format not in ("auto", "dummy", "safetensors"):
+            problems.append(f"--load-format must be auto, safetensors or dummy, got {self.load_format!r}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            problems.append(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        if not self.ipc_dir:
+            self.ipc_dir = tempfile.mkdtemp(prefix="sglang_pd_ipc_")
+
+    @property
+    def tokenizer_dir(self) -> str:
+        return self.tokenizer_path or self.model_path
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def frontend_to_engine_addr(self) -> str:
+        return f"ipc://{os.path.join(self.ipc_dir, 'to_engine')}"
+
+    @property
+    def engine_to_frontend_addr(self) -> str:
+        return f"ipc://{os.path.join(self.ipc_dir, 'to_frontend')}"
+
+    # ----------------------------------------------------------------- CLI
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = ServerArgs  # defaults come from the dataclass, once
+        p = parser.add_argument
+        p("--model-path", "--model", dest="model_path", required=True)
+        p("--tokenizer-path", default=None)
+        p("--load-format", default=d.load_format, choices=["auto", "safetensors", "dummy"])
+        p("--skip-tokenizer-init", action="store_true")
+        p("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16", "half"])
+        p("--device", default=d.device)
+        p("--served-model-name", default=None)
+        p("--context-length", type=int, default=None)
+        p("--trust-remote-code", action="store_true")
+        p("--host", default=d.host)
+        p("--port", type=int, default=d.port)
+        p("--api-key", default=None)
+        p("--enable-metrics", action="store_true", default=True)
+        p("--log-level", default=d.log_level)
+        p("--log-requests", action="store_true")
+        p("--page-size", type=int, default=d.page_size)
+        p("--max-total-tokens", type=int, default=None)
+        p("--mem-fraction-static", type=float, default=None)
+        p("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+        p("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
+        p("--max-running-requests", type=int, default=d.max_running_requests)
+        p("--schedule-policy", default=d.schedule_policy, choices=["fcfs"])
+        p("--attention-backend", default=d.attention_backend, choices=["torch"])
+        p("--random-seed", type=int, default=d.random_seed)
+        p("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
+        p("--disaggregation-mode", "--mode", dest="disaggregation_mode", default=d.disaggregation_mode,
+          choices=list(DISAGG_MODES) + list(_MODE_ALIASES))
+        p("--disaggregation-transfer-backend", default=d.disaggregation_transfer_backend,
+          choices=["nixl"])
+        p("--disaggregation-bootstrap-port", type=int, default=d.disaggregation_bootstrap_port)
+        p("--disaggregation-ib-device", default=None)
+        p("--num-reserved-decode-tokens", type=int, default=d.num_reserved_decode_tokens)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
+        if kwargs.get("dtype") == "half":
+            kwargs["dtype"] = "float16"
+        return cls(**kwargs)
+
+
+def parse_server_args(argv: list[str] | None = None) -> ServerArgs:
+    parser = argparse.ArgumentParser(prog="python -m sglang_pd.launch_server")
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))

@@ -1,0 +1,1 @@
+"""Small helpers shared by the server processes (logging setup, ...)."""

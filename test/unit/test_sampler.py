@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sglang_pd.engine.request import Req
+from sglang_pd.engine.sampler import sample
+from sglang_pd.protocol import SamplingParams
+
+
+def _req(out: list[int] | None = None, prompt: list[int] | None = None, **params) -> Req:
+    return Req(rid="r", prompt_ids=prompt or [0], params=SamplingParams(**params), arrival=0.0,
+               output_ids=list(out or []))
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.tensor([[0.1, 2.0, 0.3], [5.0, 1.0, 0.0]])
+    out = sample(logits, [_req(temperature=0.0), _req(top_k=1)], eos_ids=[])
+    assert out.token_ids == [1, 0]
+
+
+def test_top_k_and_top_p_restrict_support() -> None:
+    torch.manual_seed(0)
+    logits = torch.tensor([[3.0, 2.9, 2.8, -1.0, -2.0]]).repeat(400, 1)
+    reqs = [_req(temperature=1.0, top_k=2) for _ in range(400)]
+    assert set(sample(logits, reqs, []).token_ids) == {0, 1}
+    probs = logits[0].softmax(-1)
+    # top_p just above p0 keeps only tokens 0 and 1
+    reqs = [_req(temperature=1.0, top_p=float(probs[0]) + 0.01) for _ in range(400)]
+    assert set(sample(logits, reqs, []).token_ids) == {0, 1}
+
+
+def test_min_p_drops_unlikely_tokens() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(300, 1)
+    out = sample(logits, [_req(temperature=1.0, min_p=0.2) for _ in range(300)], [])
+    assert set(out.token_ids) == {0, 1, 2}  # 0.05 < 0.2 * 0.5
+
+
+def test_seeded_rows_are_reproducible_and_batch_independent() -> None:
+    logits = torch.randn(1, 50)
+    a = sample(logits, [_req(temperature=1.0, seed=42)], []).token_ids
+    b = sample(torch.cat([torch.randn(3, 50), logits]),
+               [_req(temperature=1.0) for _ in range(3)] + [_req(temperature=1.0, seed=42)], []).token_ids
+    assert a[0] == b[3]
+
+
+def test_sampling_follows_the_distribution() -> None:
+    torch.manual_seed(1)
+    p = torch.tensor([0.6, 0.3, 0.1])
+    n = 6000
+    toks = sample(torch.log(p).repeat(n, 1), [_req(temperature=1.0) for _ in range(n)], []).token_ids
+    freq = torch.bincount(torch.tensor(toks), minlength=3).float() / n
+    assert torch.allclose(freq, p, atol=0.03)
+
+
+def test_penalties_change_the_choice() -> None:
+    logits = torch.tensor([[2.0, 1.9, 0.0]])
+    assert sample(logits, [_req(temperature=0.0)], []).token_ids == [0]
+    assert sample(logits, [_req([0], temperature=0.0, frequency_penalty=0.5)], []).token_ids == [1]
+    assert sample(logits, [_req([0], temperature=0.0, presence_penalty=0.5)], []).token_ids == [1]
+    assert sample(logits, [_req(prompt=[0], temperature=0.0, repetition_penalty=1.2)], []).token_ids == [1]
+
+
+def test_min_new_tokens_blocks_eos() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0]])
+    assert sample(logits, [_req(temperature=0.0, min_new_tokens=2)], eos_ids=[0]).token_ids == [1]
+    assert sample(logits, [_req([1, 1], temperature=0.0, min_new_tokens=2)], eos_ids=[0]).token_ids == [0]
+
+
+def test_logprobs_are_raw_model_logprobs() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    r = _req(temperature=0.0)
+    r.return_logprob, r.top_logprobs_num = True, 2
+    out = sample(logits, [r], [])
+    ref = torch.log_softmax(logits, -1)[0]
+    assert out.token_ids == [2]
+    assert math.isclose(out.logprobs[0], float(ref[2]), rel_tol=1e-6)
+    assert [t for _, t in out.top_logprobs[0]] == [2, 1]
