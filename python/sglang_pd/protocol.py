@@ -131,6 +131,14 @@ class EngineStats(msgspec.Struct):
     gen_throughput: float  # generated tokens/s over the last stats window
     num_used_tokens: int
     max_total_num_tokens: int
+    # PD disaggregation (0 in colocated mode); names as SGLang's metrics
+    num_prefill_inflight_queue_reqs: int = 0
+    num_decode_prealloc_queue_reqs: int = 0
+    num_decode_transfer_queue_reqs: int = 0
+    num_bootstrap_failed_reqs_total: int = 0
+    num_transfer_failed_reqs_total: int = 0
+    kv_transfer_speed_gb_s: float = 0.0
+    kv_transfer_latency_ms: float = 0.0
 
 
 class BatchOut(msgspec.Struct, tag="batch_out"):

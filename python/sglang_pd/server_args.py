@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,12 @@ class ServerArgs:
         if problems:
             raise ValueError("; ".join(problems))
         if not self.ipc_dir:
-            self.ipc_dir = tempfile.mkdtemp(prefix="sglang_pd_ipc_")
+            # a unique path only; the process that binds the sockets creates it (ensure_ipc_dir)
+            self.ipc_dir = os.path.join(tempfile.gettempdir(), f"sglang_pd_ipc_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+
+    def ensure_ipc_dir(self) -> str:
+        os.makedirs(self.ipc_dir, exist_ok=True)
+        return self.ipc_dir
 
     @property
     def tokenizer_dir(self) -> str:

@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from sglang_pd.engine.attention import create_attention_backend
-from sglang_pd.engine.forward_batch import ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.page_allocator import PageAllocator
+from sglang_pd.engine.pd import DecodeSide, PrefillSide
 from sglang_pd.engine.request import Req, ReqState
 from sglang_pd.engine.sampler import SampleOutput, sample
 from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
@@ -34,6 +36,21 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 THROUGHPUT_WINDOW_S = 5.0
+PROFILE_STEPS_KEPT = 4096
+
+
+@dataclass
+class StepProfile:
+    """Wall times of one engine step, for the step-overhead benchmark (seconds)."""
+
+    mode: ForwardMode
+    batch_size: int
+    total_s: float  # schedule + batch building + forward + sampling + output hand-off
+    forward_s: float  # the model forward alone
+
+    @property
+    def overhead_s(self) -> float:
+        return self.total_s - self.forward_s
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -66,7 +83,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.allocator, args.page_size, create_prefill_policy(args.schedule_policy),
             create_decode_policy("continuous"), args.max_running_requests, args.chunked_prefill_size,
-            args.max_prefill_tokens,
+            args.max_prefill_tokens, whole_prompt_pages=args.disaggregation_mode == "prefill",
         )
         self.eos_ids = list(cfg.eos_token_ids)
         self.stop_checker = StopChecker(
@@ -74,6 +91,13 @@ class EngineCore:
         )
         self.outbox: list[ReqOutput] = []
         self._generated: deque[tuple[float, int]] = deque()
+        self.step_profiles: deque[StepProfile] = deque(maxlen=PROFILE_STEPS_KEPT)
+        self._forward_s = 0.0
+        self.pd: PrefillSide | DecodeSide | None = None
+        if args.disaggregation_mode == "prefill":
+            self.pd = PrefillSide(self)
+        elif args.disaggregation_mode == "decode":
+            self.pd = DecodeSide(self)
         logger.info("engine ready: %s, %d KV pages x %d tokens, dtype %s", cfg.architecture,
                     num_pages - 1, args.page_size, dtype)
 
@@ -84,10 +108,17 @@ class EngineCore:
             self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
             return
         req = Req.from_msg(msg, self.clock())
-        if req.params.max_new_tokens == 0:
+        if req.params.max_new_tokens == 0 and self.pd is None:
             req.finish_reason = {"type": "length", "length": 0}
             self.outbox.append(self._output(req))
             return
+        if self.pd is not None:
+            error = self.pd.admit(req, msg)
+            if error:
+                self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
+                return
+            if isinstance(self.pd, DecodeSide):
+                return  # it waits in the pre-allocation queue for its pages and KV
         self.scheduler.add(req)
 
     def _validate(self, msg: GenerateReq) -> str | None:
@@ -101,23 +132,54 @@ class EngineCore:
             return f"the prompt has {n} tokens; the KV pool holds only {self.max_total_num_tokens}"
         if any(t < 0 or t >= self.vocab_size for t in msg.input_ids):
             return f"input_ids must lie in [0, {self.vocab_size})"
-        if self.scheduler.find(msg.rid) is not None:
+        if self._find(msg.rid) is not None:
             return f"a request with rid {msg.rid!r} is already running"
+        if msg.sampling_params.stop and self.stop_checker.tokenizer is None:
+            return "stop strings need a tokenizer; this server runs with --skip-tokenizer-init"
         return msg.sampling_params.validate(self.vocab_size)
 
+    def _find(self, rid: str) -> Req | None:
+        req = self.scheduler.find(rid)
+        if req is None and isinstance(self.pd, DecodeSide):
+            req = self.pd.find(rid)
+        if req is None and isinstance(self.pd, PrefillSide):
+            req = next((r for r in self.pd.transferring.values() if r.rid == rid), None)
+        return req
+
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
-        targets = (self.scheduler.waiting + self.scheduler.running) if rid == "" else \
-            [r for r in [self.scheduler.find(rid)] if r is not None]
+        if rid:
+            targets = [r for r in [self._find(rid)] if r is not None]
+        else:
+            targets = self.scheduler.waiting + self.scheduler.running
+            if isinstance(self.pd, DecodeSide):
+                targets += list(self.pd.prealloc) + list(self.pd.transferring.values())
+            elif isinstance(self.pd, PrefillSide):
+                targets += list(self.pd.transferring.values())
+        now = self.clock()
         for req in targets:
-            self._finish(req, {"type": "abort", "message": message})
+            if self.pd is not None and req.bootstrap_room >= 0:
+                self.pd.abort(req, now)
+            self.finish(req, {"type": "abort", "message": message})
 
     @property
     def has_work(self) -> bool:
+        """Compute to do: the loop should step without waiting."""
         return self.scheduler.has_work
+
+    @property
+    def has_pending(self) -> bool:
+        """Waiting on KV transfers: the loop should poll often but may sleep briefly."""
+        return self.pd is not None and self.pd.has_pending
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity(self.pd.held_pages() if self.pd is not None else 0)
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[ReqOutput]:
+        t0 = time.perf_counter()
         now = self.clock()
+        if self.pd is not None:
+            self.pd.poll(now)
         step = self.scheduler.schedule(now)
         if step is None:
             self._unblock()
@@ -127,21 +189,37 @@ class EngineCore:
             except Exception as exc:  # a failed forward must not leak pages or hang clients
                 logger.exception("forward failed; aborting the %d requests in the batch", len(step.plan))
                 for req in step.reqs:
-                    self._finish(req, {"type": "abort", "message": f"internal error: {exc}"}, status=500)
+                    if self.pd is not None and req.bootstrap_room >= 0:
+                        self.pd.abort(req, now)
+                    self.finish(req, {"type": "abort", "message": f"internal error: {exc}"}, status=500)
         outputs, self.outbox = self.outbox, []
+        if step is not None:
+            self.step_profiles.append(StepProfile(step.mode, len(step.plan), time.perf_counter() - t0,
+                                                  self._forward_s))
         return outputs
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        t = time.perf_counter()
+        logits = self.runner.forward(batch)
+        self._forward_s = time.perf_counter() - t
+        return logits
 
     def _run(self, step: ScheduledStep) -> None:
         runner = self.runner
         if step.mode is ForwardMode.EXTEND:
-            logits = runner.forward(runner.build_extend(step.plan))
+            logits = self._forward(runner.build_extend(step.plan))
             done = self.scheduler.after_extend(step.plan)
-            rows = [i for i, (r, _) in enumerate(step.plan) if r in set(done)]
+            done_set = set(done)
+            rows = [i for i, (r, _) in enumerate(step.plan) if r in done_set]
+            if isinstance(self.pd, PrefillSide):
+                for r, _ in step.plan:
+                    if r not in done_set:
+                        self.pd.on_chunk(r, self.clock())
             if rows:
                 self._append(done, logits[rows], first=True)
         else:
             reqs = step.reqs
-            logits = runner.forward(runner.build_decode(reqs))
+            logits = self._forward(runner.build_decode(reqs))
             self.scheduler.after_decode(reqs)
             self._append(reqs, logits, first=False)
 
@@ -150,33 +228,48 @@ class EngineCore:
         now = self.clock()
         self._generated.append((now, len(reqs)))
         for i, (req, tok) in enumerate(zip(reqs, out.token_ids)):
-            req.output_ids.append(tok)
-            if first:
-                req.first_token_time = now
-            if req.return_logprob and out.logprobs is not None:
-                req.pending_logprobs.append((out.logprobs[i], tok))
-                if out.top_logprobs is not None:
-                    req.pending_top_logprobs.append(out.top_logprobs[i])
-            reason = self.stop_checker.check(req)
-            if reason is not None:
-                self._finish(req, reason)
-            elif req.stream:
-                self.outbox.append(self._output(req))
+            logprob = out.logprobs[i] if out.logprobs is not None else None
+            top = out.top_logprobs[i] if out.top_logprobs is not None else None
+            self.accept_token(req, tok, logprob, top, now, first)
+
+    def accept_token(self, req: Req, tok: int, logprob: float | None, top: list | None, now: float,
+                     first: bool) -> None:
+        """Append a sampled token (here, or on prefill for a PD request) and finish or stream."""
+        req.output_ids.append(tok)
+        if first:
+            req.first_token_time = now
+        if req.return_logprob and logprob is not None:
+            req.pending_logprobs.append((logprob, tok))
+            if top is not None:
+                req.pending_top_logprobs.append(list(top))
+        if first and isinstance(self.pd, PrefillSide):
+            self.pd.on_first_token(req, logprob, top, now)  # decode finishes or continues it
+            return
+        reason = self.stop_checker.check(req)
+        if reason is not None:
+            self.finish(req, reason)
+        elif req.stream:
+            self.outbox.append(self._output(req))
 
     def _unblock(self) -> None:
         """Nothing could be scheduled although work exists: the head request can never fit."""
         sched = self.scheduler
         if sched.running and not sched.waiting:
-            self._finish(sched.running[0], {"type": "abort", "message": "out of KV cache memory"}, 503)
+            self.finish(sched.running[0], {"type": "abort", "message": "out of KV cache memory"}, 503)
         elif sched.waiting and not sched.running:
             head = sched.waiting[0]
-            self._finish(head, {"type": "abort", "message":
+            self.finish(head, {"type": "abort", "message":
                                 f"request needs more KV memory than the pool's {self.max_total_num_tokens} tokens"}, 503)
 
-    def _finish(self, req: Req, reason: dict, status: int = 0) -> None:
+    def finish(self, req: Req, reason: dict, status: int = 0) -> None:
+        """Finish a request wherever it is, free the pages it still holds, answer its client."""
+        if req.finish_reason is not None:
+            return  # answered already; a late transfer update must not answer twice
         req.finish_reason = reason
         req.state = ReqState.FINISHED
         self.scheduler.remove(req)
+        if self.pd is not None:
+            self.pd.forget(req)
         self.outbox.append(self._output(req, status))
 
     def _output(self, req: Req, status: int = 0) -> ReqOutput:
@@ -205,7 +298,29 @@ class EngineCore:
             token_usage=used / self.max_total_num_tokens,
             gen_throughput=sum(n for _, n in self._generated) / span if self._generated else 0.0,
             num_used_tokens=used, max_total_num_tokens=self.max_total_num_tokens,
+            **self._pd_stats(),
         )
+
+    def _pd_stats(self) -> dict[str, int | float]:
+        pd = self.pd
+        if pd is None:
+            return {}
+        out: dict[str, int | float] = {
+            "num_bootstrap_failed_reqs_total": pd.stats.bootstrap_failed,
+            "num_transfer_failed_reqs_total": pd.stats.transfer_failed,
+        }
+        if isinstance(pd, PrefillSide):
+            out["num_prefill_inflight_queue_reqs"] = len(pd.transferring)
+            out["kv_transfer_speed_gb_s"] = pd.stats.last_speed_gb_s
+            out["kv_transfer_latency_ms"] = pd.stats.last_latency_ms
+        else:
+            out["num_decode_prealloc_queue_reqs"] = len(pd.prealloc)
+            out["num_decode_transfer_queue_reqs"] = len(pd.transferring)
+        return out
+
+    def close(self) -> None:
+        if self.pd is not None:
+            self.pd.close()
 
     def ready_info(self) -> EngineReady:
         return EngineReady(
@@ -231,7 +346,7 @@ class EngineCore:
             return ControlResp(msg.call_id, ok, {}, "" if ok else "cannot flush while requests run")
         if msg.method == "check_integrity":
             try:
-                self.scheduler.check_integrity()
+                self.check_integrity()
             except RuntimeError as exc:
                 return ControlResp(msg.call_id, False, {}, str(exc))
             return ControlResp(msg.call_id, True, {"num_free_pages": self.allocator.num_free})

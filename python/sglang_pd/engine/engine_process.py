@@ -25,15 +25,19 @@ from sglang_pd.server_args import ServerArgs
 logger = logging.getLogger("sglang_pd.engine")
 
 IDLE_POLL_MS = 50
+PENDING_POLL_MS = 1
 STATS_INTERVAL_S = 1.0
 
 
 def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:
     logging.basicConfig(level=server_args.log_level.upper(),
                         format="%(asctime)s [engine] %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend owns Ctrl-C and tells us
+    # The frontend owns SIGINT/SIGTERM: it drains in-flight requests, then sends us a shutdown
+    # ControlReq. Ignoring the signals here keeps a process-group SIGTERM (systemd, k8s) from
+    # killing the engine under requests that are still draining; parent death still stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop = {"flag": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
     parent = os.getppid()
     try:
         core = EngineCore(server_args)
@@ -42,6 +46,7 @@ def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:
         ready_conn.send_bytes(encode(EngineReady(ok=False, error=f"{type(exc).__name__}: {exc}")))
         return
     ctx = zmq.Context()
+    server_args.ensure_ipc_dir()
     inbox = ctx.socket(zmq.PULL)
     inbox.bind(server_args.frontend_to_engine_addr)
     outbox = ctx.socket(zmq.PUSH)
@@ -50,6 +55,7 @@ def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:
     try:
         _loop(core, inbox, outbox, stop, parent)
     finally:
+        core.close()
         inbox.close(linger=0)
         outbox.close(linger=500)
         ctx.term()
@@ -61,8 +67,9 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
     last_parent_check = time.monotonic()
     while not stop["flag"]:
         if not core.has_work:
-            if inbox.poll(IDLE_POLL_MS) == 0:
-                core.scheduler.check_integrity()
+            # waiting on KV transfers: poll often; fully idle: sleep on the socket
+            if inbox.poll(PENDING_POLL_MS if core.has_pending else IDLE_POLL_MS) == 0 and not core.has_pending:
+                core.check_integrity()
         replies: list[ControlResp] = []
         while True:
             try:
@@ -81,7 +88,7 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
                     replies.append(ControlResp(msg.call_id, True))
                 else:
                     replies.append(core.control(msg))
-        outputs = core.step() if core.has_work or core.outbox else []
+        outputs = core.step() if core.has_work or core.has_pending or core.outbox else []
         now = time.monotonic()
         stats = None
         if now - last_stats >= STATS_INTERVAL_S or outputs:

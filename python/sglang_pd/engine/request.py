@@ -40,6 +40,9 @@ class Req:
     finish_reason: dict | None = None
     sent_len: int = 0  # output tokens already handed to the frontend
     num_retractions: int = 0
+    # PD disaggregation (prefill and decode servers)
+    bootstrap_room: int = -1
+    bootstrap_addr: tuple[str, int] = ("", 0)
     # per-token logprobs not yet sent: (logprob, token_id) and top-k lists
     pending_logprobs: list[tuple[float, int]] = field(default_factory=list)
     pending_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

@@ -33,13 +33,18 @@ class ScheduledStep:
 class PageAdmission:
     """KVAdmission over the page allocator: grants allocate immediately."""
 
-    def __init__(self, allocator: PageAllocator, page_size: int, headroom_pages: int) -> None:
+    def __init__(self, allocator: PageAllocator, page_size: int, headroom_pages: int,
+                 whole_prompt: bool = False) -> None:
         self.allocator = allocator
         self.page_size = page_size
         self.headroom = headroom_pages
+        # PD prefill: all of a prompt's pages at its first chunk, since the decode side
+        # registers a fixed destination page list for the whole prompt
+        self.whole_prompt = whole_prompt
 
     def pages_needed(self, req: Req, new_tokens: int) -> int:
-        total = -(-(req.kv_len + new_tokens) // self.page_size)
+        tokens = req.prefill_target if self.whole_prompt else req.kv_len + new_tokens
+        total = -(-tokens // self.page_size)
         return max(total - len(req.pages), 0)
 
     def can_admit(self, req: SchedReq, new_tokens: int) -> bool:
@@ -54,8 +59,9 @@ class PageAdmission:
 class Scheduler:
     def __init__(self, allocator: PageAllocator, page_size: int, prefill_policy: PrefillPolicy,
                  decode_policy: DecodePolicy, max_running_requests: int, chunked_prefill_size: int,
-                 max_prefill_tokens: int) -> None:
+                 max_prefill_tokens: int, whole_prompt_pages: bool = False) -> None:
         self.allocator = allocator
+        self.whole_prompt_pages = whole_prompt_pages
         self.page_size = page_size
         self.prefill_policy = prefill_policy
         self.decode_policy = decode_policy
@@ -101,9 +107,10 @@ class Scheduler:
     def num_used_tokens(self) -> int:
         return self.allocator.num_used * self.page_size
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, held_elsewhere: int = 0) -> None:
+        """``held_elsewhere``: pages held outside the queues (PD transfers in flight)."""
         self.allocator.check_integrity()
-        held = sum(len(r.pages) for r in self.waiting + self.running)
+        held = sum(len(r.pages) for r in self.waiting + self.running) + held_elsewhere
         if held != self.allocator.num_used:
             raise RuntimeError(f"pages held by requests ({held}) != pages in use ({self.allocator.num_used})")
 
@@ -115,7 +122,8 @@ class Scheduler:
                 token_budget=self.max_prefill_tokens,
                 chunk_size=self.chunk_size,
                 new_req_slots=self.max_running - len(self.running) - started,
-                kv=PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running)),
+                kv=PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
+                                 whole_prompt=self.whole_prompt_pages),
             )
             plan = self.prefill_policy.schedule(self.waiting, now, budget)
             if plan:

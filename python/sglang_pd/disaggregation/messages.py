@@ -1,0 +1,107 @@
+"""Wire messages of the bootstrap protocol (msgpack via msgspec; never pickle).
+
+Control messages travel over the bootstrap ZMQ connection (decode DEALER ->
+prefill ROUTER, replies back on the same connection). KV completion travels
+as a NIXL notification attached to the WRITE itself, so it can never overtake
+the data it announces; its bytes are built by ``kv_notif``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from sglang_pd.disaggregation.kv_layout import KVLayout
+
+PROTOCOL_VERSION = 1
+
+
+class Register(msgspec.Struct, tag="register", frozen=True):
+    """decode -> prefill: "write room's KV into these pages of mine"."""
+
+    room: int
+    # Decode's notification endpoint: the ZMQ routing id of its bootstrap
+    # client. Prefill addresses acks/aborts for this room to it; it is stable
+    # across reconnects, unlike a ROUTER-assigned identity.
+    client_id: str
+    agent_name: str
+    agent_metadata: bytes
+    layout: KVLayout
+    dst_pages: list[int]
+    version: int = PROTOCOL_VERSION
+
+
+class RegisterAck(msgspec.Struct, tag="register_ack", frozen=True):
+    room: int
+    prefill_agent_name: str
+
+
+class RegisterRefused(msgspec.Struct, tag="register_refused", frozen=True):
+    room: int
+    reason: str
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
+    seq: int
+    sent_at: float
+
+
+class HeartbeatAck(msgspec.Struct, tag="heartbeat_ack", frozen=True):
+    seq: int
+    sent_at: float
+
+
+class Abort(msgspec.Struct, tag="abort", frozen=True):
+    """Either direction. From prefill it also promises no write is in flight."""
+
+    room: int
+    reason: str
+
+
+class AbortAck(msgspec.Struct, tag="abort_ack", frozen=True):
+    """prefill -> decode: no write into room's pages is or will be in flight."""
+
+    room: int
+
+
+Message = Register | RegisterAck | RegisterRefused | Heartbeat | HeartbeatAck | Abort | AbortAck
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Raises msgspec.DecodeError / ValidationError on garbage or a bad layout."""
+    return _decoder.decode(data)
+
+
+class KVNotif(msgspec.Struct, frozen=True):
+    room: int
+    chunk: int
+    last: bool
+    aux: bytes = b""  # on the last chunk: the engine's aux data (first token, its logprob)
+
+
+_NOTIF_PREFIX = b"kv|"
+
+
+def kv_notif(room: int, chunk: int, last: bool, aux: bytes = b"") -> bytes:
+    # aux rides with the last WRITE's notification, so decode can never see it before the KV
+    return b"kv|%d|%d|%d" % (room, chunk, 1 if last else 0) + (b"|" + aux if aux else b"")
+
+
+def parse_kv_notif(data: bytes) -> KVNotif | None:
+    """None for notifications that are not KV-completion tags."""
+    if not data.startswith(_NOTIF_PREFIX):
+        return None
+    parts = data.split(b"|", 4)  # aux (binary, may contain "|") is everything after the 4th bar
+    if len(parts) not in (4, 5):
+        return None
+    try:
+        aux = parts[4] if len(parts) == 5 else b""
+        return KVNotif(room=int(parts[1]), chunk=int(parts[2]), last=parts[3] == b"1", aux=aux)
+    except ValueError:
+        return None

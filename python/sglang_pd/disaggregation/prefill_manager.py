@@ -1,0 +1,208 @@
+"""Prefill-side glue: bootstrap server + KV transport + one KVSenderState per room.
+
+The engine calls, from its loop thread only:
+  add_request(room, src_pages, now)         when a PD request is admitted (pages allocated)
+  kv_ready(room, num_pages, last, now)      after a (chunked) prefill step filled pages
+  abort(room, reason, now)                  request cancelled on prefill
+  poll(now) -> list[RoomUpdate]             every iteration; finished rooms free their pages
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sglang_pd.disaggregation import messages as m
+from sglang_pd.disaggregation.bootstrap import (
+    DEFAULT_BOOTSTRAP_PORT,
+    BootstrapServer,
+    Incoming,
+    PeerDead,
+    Refused,
+)
+from sglang_pd.disaggregation.envs import DisaggEnvs
+from sglang_pd.disaggregation.state import KVSenderState, RoomUpdate, SenderPhase
+from sglang_pd.disaggregation.transfer.base import KVTransport, TransferError, TransferHandle
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Room:
+    state: KVSenderState
+    src_pages: list[int] | None = None
+    client_id: str | None = None
+    peer: str | None = None
+    dst_pages: list[int] = field(default_factory=list)
+    ready: int = 0  # pages filled by prefill so far
+    sent: int = 0  # pages already posted
+    ready_last: bool = False
+    aux: bytes = b""  # sent with the last chunk's notification
+    chunk: int = 0
+    handles: dict[int, TransferHandle] = field(default_factory=dict)
+
+
+class KVSenderManager:
+    def __init__(
+        self,
+        transport: KVTransport,
+        server: BootstrapServer | None = None,
+        envs: DisaggEnvs | None = None,
+        *,
+        bootstrap_host: str = "0.0.0.0",
+        bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT,
+    ) -> None:
+        self.transport = transport
+        self.envs = envs or DisaggEnvs.load()
+        self.server = server or BootstrapServer(
+            bootstrap_host,
+            bootstrap_port,
+            local_layout=transport.layout,
+            heartbeat_interval=self.envs.heartbeat_interval,
+            heartbeat_max_failure=self.envs.heartbeat_max_failure,
+        )
+        self.rooms: dict[int, _Room] = {}
+        self._client_peer: dict[str, str] = {}  # decode client_id -> its NIXL agent name
+
+    def _room(self, room: int, now: float) -> _Room:
+        r = self.rooms.get(room)
+        if r is None:
+            st = KVSenderState(room, now, self.envs.bootstrap_timeout, self.envs.waiting_timeout)
+            r = self.rooms[room] = _Room(st)
+        return r
+
+    def add_request(self, room: int, src_pages: list[int], now: float) -> None:
+        r = self._room(room, now)
+        if r.src_pages is not None:
+            raise ValueError(
+                f"room {room} was already added; bootstrap_room must be unique per request"
+            )
+        r.src_pages = list(src_pages)
+        r.state.check_num_pages(now, len(src_pages))
+
+    def kv_ready(self, room: int, num_pages: int, last: bool, now: float, aux: bytes = b"") -> None:
+        """The first ``num_pages`` of src_pages now hold final KV (all of them when ``last``);
+        ``aux`` (with ``last``) travels in the final notification."""
+        r = self.rooms.get(room)
+        if r is None:
+            return  # already finished (e.g. decode aborted); poll() reported it
+        if r.src_pages is None:
+            raise KeyError(f"room {room}: kv_ready before add_request")
+        r.ready = len(r.src_pages) if last else max(r.ready, min(num_pages, len(r.src_pages)))
+        r.ready_last = r.ready_last or last
+        if last:
+            r.aux = aux
+
+    def abort(self, room: int, reason: str, now: float) -> None:
+        r = self.rooms.get(room)
+        if r is None:
+            return
+        self._release_all(r)
+        r.state.abort(now, reason)
+
+    def poll(self, now: float) -> list[RoomUpdate]:
+        for ev in self.server.poll(now):
+            self._on_event(ev, now)
+        for r in self.rooms.values():
+            self._progress(r, now)
+        updates: list[RoomUpdate] = []
+        for room, r in list(self.rooms.items()):
+            if r.state.check_timeouts(now) or (r.state.phase is SenderPhase.FAILED and r.handles):
+                self._release_all(r)  # timed-out writes are cancelled before decode hears Abort
+            if r.src_pages is None and r.state.bootstrapped and not r.state.is_finished:
+                assert r.state.registered_at is not None
+                if now - r.state.registered_at > self.envs.bootstrap_timeout:
+                    r.state.abort(
+                        now, f"room {room}: decode registered but the request never reached prefill"
+                    )
+            for msg in r.state.take_outbox():
+                if r.client_id is not None:
+                    self.server.send(r.client_id, msg)
+            if r.state.is_finished and not r.handles:
+                st = r.state
+                updates.append(RoomUpdate(room, st.phase.value, st.failure, st.reason))
+                del self.rooms[room]
+        return updates
+
+    def _on_event(self, ev: Incoming | Refused | PeerDead, now: float) -> None:
+        if isinstance(ev, Refused):
+            logger.warning(
+                "refused registration from %s room %d: %s", ev.client_id, ev.room, ev.reason
+            )
+        elif isinstance(ev, PeerDead):
+            for r in self.rooms.values():
+                if r.client_id == ev.peer:
+                    self._release_all(r)
+                    r.state.on_peer_dead(now, ev.reason)
+            peer = self._client_peer.pop(ev.peer, None)
+            if peer is not None:  # drop its UCX endpoint and remote descriptor list
+                self.transport.remove_peer(peer)
+        elif isinstance(ev.msg, m.Register):
+            self._on_register(ev.peer, ev.msg, now)
+        elif isinstance(ev.msg, m.Abort):
+            r = self.rooms.get(ev.msg.room)
+            if r is None:  # unknown or already finished and forgotten: nothing in flight
+                self.server.send(ev.peer, m.AbortAck(room=ev.msg.room))
+            else:
+                r.client_id = r.client_id or ev.peer
+                r.state.on_abort(now, ev.msg.reason)
+
+    def _on_register(self, client_id: str, reg: m.Register, now: float) -> None:
+        r = self._room(reg.room, now)
+        if r.state.bootstrapped or r.state.is_finished:
+            why = r.state.reason or f"room {reg.room} is already registered"
+            self.server.send(client_id, m.RegisterRefused(reg.room, why))
+            return
+        try:
+            peer = self.transport.add_peer(reg.agent_metadata, reg.layout)
+        except TransferError as e:
+            self.server.send(client_id, m.RegisterRefused(reg.room, f"room {reg.room}: {e}"))
+            return
+        r.client_id, r.peer, r.dst_pages = client_id, peer, list(reg.dst_pages)
+        self._client_peer[client_id] = peer
+        r.state.on_register(now, len(reg.dst_pages))
+        if r.src_pages is None or r.state.check_num_pages(now, len(r.src_pages)):
+            self.server.send(client_id, m.RegisterAck(reg.room, self.transport.agent_name))
+
+    def _progress(self, r: _Room, now: float) -> None:
+        for chunk, h in list(r.handles.items()):
+            status = self.transport.poll(h)
+            if status == "DONE":
+                del r.handles[chunk]
+                r.state.on_transfer_done(now, chunk)
+            elif status == "ERR":
+                del r.handles[chunk]
+                self._release_all(r)
+                r.state.on_transfer_error(now, chunk, h.error)
+                return
+        if r.src_pages is None or r.peer is None or not r.state.can_send():
+            return
+        if r.ready > r.sent or (r.ready_last and r.sent == len(r.src_pages)):
+            last = r.ready_last and r.ready == len(r.src_pages)
+            chunk = r.chunk
+            lo, hi = r.sent, r.ready
+            if hi == lo:  # nothing new but the last flag: the final chunk was empty
+                lo = hi - 1  # resend the last page so the notif still travels with data
+            h = self.transport.write_pages(
+                r.peer,
+                r.src_pages[lo:hi],
+                r.dst_pages[lo:hi],
+                m.kv_notif(r.state.room, chunk, last, r.aux if last else b""),
+            )
+            r.state.on_transfer_started(now, chunk, last)
+            r.chunk, r.sent = chunk + 1, hi
+            if h.status == "ERR":
+                r.state.on_transfer_error(now, chunk, h.error)
+            else:
+                r.handles[chunk] = h
+
+    def _release_all(self, r: _Room) -> None:
+        for h in r.handles.values():
+            self.transport.release(h)
+        r.handles.clear()
+        r.state.in_flight.clear()
+
+    def close(self) -> None:
+        for r in self.rooms.values():
+            self._release_all(r)
+        self.server.close()

@@ -1,0 +1,158 @@
+"""OpenAI request bodies (msgspec structs) and their mapping onto SamplingParams.
+
+Unknown fields are ignored, as OpenAI clients and the SGLang router send many optional
+ones; fields that would change the result but are not implemented give a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, TypeVar
+
+import msgspec
+
+from sglang_pd.frontend.errors import bad_request
+from sglang_pd.protocol import SamplingParams
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: Optional[str] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    n: int = 1
+    stop: Optional[str | list[str]] = None
+    stop_token_ids: Optional[list[int]] = None
+    seed: Optional[int] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    rid: Optional[str | list[str]] = None
+    # SGLang router extras: accepted; hidden states are not produced by this server.
+    return_hidden_states: bool = False
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    slo: Optional[dict[str, Any]] = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: Any  # str | list[str] | list[int] | list[list[int]]: checked in prompts()
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = None
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class ChatCompletionRequest(_Common, kw_only=True):
+    messages: list[dict[str, Any]]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Any = None
+    response_format: Optional[dict[str, Any]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    continue_final_message: bool = False
+
+
+def parse_body(body: dict[str, Any], cls: type[T]) -> T:
+    try:
+        return msgspec.convert(body, cls)
+    except msgspec.ValidationError as e:
+        raise bad_request(f"invalid request: {e}") from None
+
+
+def check_supported(req: _Common) -> None:
+    if req.n != 1:
+        raise bad_request(f"n must be 1 (parallel sampling is not supported), got {req.n}")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise bad_request("echo=true is not supported")
+        if req.best_of not in (None, 1):
+            raise bad_request(f"best_of must be 1, got {req.best_of}")
+        if req.suffix:
+            raise bad_request("suffix is not supported")
+        if req.logprobs is not None and req.logprobs < 0:
+            raise bad_request(f"logprobs must be >= 0, got {req.logprobs}")
+    if isinstance(req, ChatCompletionRequest):
+        fmt = (req.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise bad_request(f"response_format type {fmt!r} is not supported (only 'text')")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}")
+
+
+def to_sampling_params(req: _Common, max_new_tokens: int | None) -> SamplingParams:
+    """OpenAI names -> SGLang SamplingParams; None means "the SGLang default"."""
+    values: dict[str, Any] = {
+        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+        "min_p": req.min_p, "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty, "seed": req.seed,
+        "max_new_tokens": max_new_tokens, "min_new_tokens": req.min_tokens,
+        "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
+        "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
+        "no_stop_trim": req.no_stop_trim,
+    }
+    return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+
+
+def completion_prompts(prompt: Any) -> tuple[list[str | list[int]], bool]:
+    """(prompts, is_batch): a string, a token list, or a list of either."""
+    if isinstance(prompt, str) and prompt:
+        return [prompt], False
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return [prompt], False
+        if all(isinstance(p, str) for p in prompt):
+            if not all(prompt):
+                raise bad_request("the prompt is empty")
+            return list(prompt), len(prompt) > 1
+        if all(isinstance(p, list) for p in prompt):
+            return list(prompt), len(prompt) > 1
+    if prompt == [] or prompt == "":
+        raise bad_request("the prompt is empty")
+    raise bad_request("prompt must be a string, a list of token ids, or a list of either")
+
+
+def message_text(content: Any, index: int) -> str | None:
+    """A chat message's content as text (parts of type 'text' are joined)."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise bad_request(f"messages[{index}]: content part type {kind!r} is not "
+                                  "supported (text only)")
+            texts.append(str(part.get("text", "")))
+        return "\n".join(texts)
+    raise bad_request(f"messages[{index}].content must be a string or a list of parts")

@@ -1,0 +1,104 @@
+"""Prometheus metrics with SGLang's names (``sglang:*``, label ``model_name``).
+
+Every server gets its own CollectorRegistry so tests (and several servers in one process)
+never collide on the global one.
+
+Engine gauges come from ``EngineStats``: the known fields map to SGLang's names below, and
+any other numeric field the engine adds later (e.g. ``num_prefill_inflight_queue_reqs`` in
+PD mode) is exported automatically as ``sglang:<field>`` -- that is the hook for PD metrics.
+Extra gauges can also be registered explicitly with ``add_engine_gauge``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from sglang_pd.protocol import EngineStats
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# From 1 ms (a fast decode step) up to many minutes (long generations behind a queue).
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                50.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
+
+# EngineStats field -> (metric name, help). Other numeric fields get sglang:<field>.
+_KNOWN_STATS: dict[str, tuple[str, str]] = {
+    "num_running_reqs": ("sglang:num_running_reqs", "Number of running requests"),
+    "num_queue_reqs": ("sglang:num_queue_reqs", "Number of requests waiting in the queue"),
+    "token_usage": ("sglang:token_usage", "Fraction of KV cache tokens in use"),
+    "gen_throughput": ("sglang:gen_throughput", "Generation throughput (tokens/s)"),
+    "num_used_tokens": ("sglang:num_used_tokens", "Number of KV cache tokens in use"),
+    "max_total_num_tokens": ("sglang:max_total_num_tokens", "KV cache capacity in tokens"),
+}
+
+
+@dataclass
+class FrontendMetrics:
+    model_name: str
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    engine_gauges: dict[str, Gauge] = field(default_factory=dict)  # EngineStats field -> gauge
+
+    def __post_init__(self) -> None:
+        labels = ["model_name"]
+        reg = self.registry
+        self.ttft = Histogram("sglang:time_to_first_token_seconds",
+                              "Time to first token in seconds", labels,
+                              buckets=_TTFT_BUCKETS, registry=reg).labels(self.model_name)
+        self.itl = Histogram("sglang:inter_token_latency_seconds",
+                             "Latency between consecutive output tokens in seconds", labels,
+                             buckets=_ITL_BUCKETS, registry=reg).labels(self.model_name)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds",
+                             "End-to-end request latency in seconds", labels,
+                             buckets=_E2E_BUCKETS, registry=reg).labels(self.model_name)
+        # prometheus_client appends _total to counter names itself.
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed",
+                                     labels, registry=reg).labels(self.model_name)
+        self.generation_tokens = Counter("sglang:generation_tokens",
+                                         "Number of generation tokens processed", labels,
+                                         registry=reg).labels(self.model_name)
+        self.cached_tokens = Counter("sglang:cached_tokens", "Number of prompt tokens served "
+                                     "from the prefix cache", labels,
+                                     registry=reg).labels(self.model_name)
+        self.num_requests = Counter("sglang:num_requests", "Number of requests processed",
+                                    labels, registry=reg).labels(self.model_name)
+        self.num_aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted",
+                                   labels, registry=reg).labels(self.model_name)
+        for stat, (name, doc) in _KNOWN_STATS.items():
+            self.add_engine_gauge(stat, name, doc)
+
+    def add_engine_gauge(self, stat_field: str, metric_name: str | None = None,
+                         doc: str | None = None) -> Gauge:
+        """Export EngineStats.<stat_field> as a gauge (idempotent)."""
+        if stat_field not in self.engine_gauges:
+            gauge = Gauge(metric_name or f"sglang:{stat_field}",
+                          doc or f"Engine statistic {stat_field}", ["model_name"],
+                          registry=self.registry)
+            self.engine_gauges[stat_field] = gauge.labels(self.model_name)
+        return self.engine_gauges[stat_field]
+
+    def update_engine_stats(self, stats: EngineStats) -> None:
+        for name, value in msgspec.structs.asdict(stats).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            self.add_engine_gauge(name).set(value)
+
+    def observe_finished(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+                         e2e_s: float, aborted: bool) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+        self.cached_tokens.inc(cached_tokens)
+        self.num_requests.inc()
+        self.e2e.observe(e2e_s)
+        if aborted:
+            self.num_aborted.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,265 @@
+"""The frontend side of the engine channel: submit requests, dispatch outputs, control calls.
+
+One receive-loop task owns the PULL socket and routes every ReqOutput to its ReqState;
+HTTP handlers only wait on the state's event, so nothing else touches ZMQ on the way in.
+Sending uses a plain (synchronous) PUSH socket with an unbounded queue: a send never
+blocks, which lets aborts go out from ``finally`` blocks of cancelled handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from sglang_pd.frontend.detokenizer import IncrementalDetokenizer, OutputText
+from sglang_pd.frontend.errors import ApiError
+from sglang_pd.frontend.metrics import FrontendMetrics
+from sglang_pd.frontend.request_state import ReqState
+from sglang_pd.frontend.tokenizer import TokenizerBundle
+from sglang_pd.protocol import (AbortReq, BatchOut, ControlReq, ControlResp, EngineReady,
+                                EngineStats, GenerateReq, ReqOutput, decode_from_engine, encode)
+from sglang_pd.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+ENGINE_DIED = "the engine process died"
+
+
+class TokenizerManager:
+    def __init__(self, server_args: ServerArgs, engine_info: EngineReady,
+                 tokenizer: TokenizerBundle | None, metrics: FrontendMetrics,
+                 engine_alive: Callable[[], bool] = lambda: True) -> None:
+        self.server_args = server_args
+        self.engine_info = engine_info
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.engine_alive = engine_alive
+        self.states: dict[str, ReqState] = {}
+        self.pending_calls: dict[int, asyncio.Future[ControlResp]] = {}
+        self.last_stats: EngineStats | None = None
+        self.engine_dead = False
+        self.stopping = False  # set once we asked the engine to exit: its death is expected
+        self.on_engine_death: Callable[[], None] | None = None  # set by launch_server
+        self._call_ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._req_log_level = logging.INFO if server_args.log_requests else logging.DEBUG
+        self._sync_ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._async_ctx: zmq.asyncio.Context | None = None
+        self._push: zmq.Socket[bytes] | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._sync_ctx = zmq.Context()
+        self._push = self._sync_ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(self.server_args.frontend_to_engine_addr)
+        self._async_ctx = zmq.asyncio.Context()
+        self._pull = self._async_ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self.server_args.ensure_ipc_dir()
+        self._pull.bind(self.server_args.engine_to_frontend_addr)
+        self._tasks = [asyncio.create_task(self._recv_loop(), name="engine-recv"),
+                       asyncio.create_task(self._watch_engine(), name="engine-watch")]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for sock in (self._push, self._pull):
+            if sock is not None:
+                sock.close(linger=0)
+        for ctx in (self._sync_ctx, self._async_ctx):
+            if ctx is not None:
+                ctx.term()
+        self._push = self._pull = None
+        self._sync_ctx = self._async_ctx = None
+
+    # ------------------------------------------------------------------ requests
+    def _send(self, msg: msgspec.Struct) -> None:
+        if self._push is None:
+            raise ApiError(503, "the server is not connected to the engine")
+        self._push.send(encode(msg), copy=False)
+
+    def submit(self, reqs: list[GenerateReq], return_text_in_logprobs: bool = False
+               ) -> list[ReqState]:
+        """Register and send requests; their states share one notify event."""
+        if self.engine_dead:
+            raise ApiError(503, f"{ENGINE_DIED}; the server is shutting down")
+        duplicate = [r.rid for r in reqs if r.rid in self.states]
+        if duplicate or len({r.rid for r in reqs}) != len(reqs):
+            raise ApiError(400, f"duplicate request id(s): {', '.join(duplicate) or 'in batch'}")
+        notify = asyncio.Event()
+        states = []
+        for req in reqs:
+            text = None
+            if self.tokenizer is not None:
+                sp = req.sampling_params
+                detok = IncrementalDetokenizer(self.tokenizer, sp.skip_special_tokens)
+                text = OutputText(detok, stops=list(sp.stop), no_stop_trim=sp.no_stop_trim)
+            state = ReqState(req=req, notify=notify, text=text,
+                             return_text_in_logprobs=return_text_in_logprobs,
+                             prompt_tokens=len(req.input_ids))
+            self.states[req.rid] = state
+            states.append(state)
+            self._send(req)
+        return states
+
+    def abort(self, state: ReqState) -> None:
+        """Client went away: forget the request now and tell the engine to free its pages."""
+        if state.finished:
+            return
+        state.finished = True
+        state.finished_time = time.perf_counter()
+        state.finish_reason = {"type": "abort", "message": "client disconnected"}
+        if self.states.pop(state.rid, None) is not None:
+            self.metrics.observe_finished(state.prompt_tokens, state.completion_tokens,
+                                          state.cached_tokens, state.e2e_latency, aborted=True)
+            logger.log(self._req_log_level, "Abort request rid=%s (client disconnected)",
+                       state.rid)
+        if not self.engine_dead:
+            self._send(AbortReq(rid=state.rid))
+
+    def abort_rid(self, rid: str) -> None:
+        """/abort_request: the engine answers with finish_reason abort ("" aborts all)."""
+        if not self.engine_dead:
+            self._send(AbortReq(rid=rid))
+
+    # ------------------------------------------------------------------ control calls
+    async def control(self, method: str, args: dict[str, Any] | None = None,
+                      timeout: float = 10.0) -> ControlResp:
+        if self.engine_dead:
+            raise ApiError(503, ENGINE_DIED)
+        call_id = next(self._call_ids)
+        future: asyncio.Future[ControlResp] = asyncio.get_running_loop().create_future()
+        self.pending_calls[call_id] = future
+        try:
+            self._send(ControlReq(call_id=call_id, method=method, args=args or {}))
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(504, f"the engine did not answer {method!r} within {timeout:g}s")
+        finally:
+            self.pending_calls.pop(call_id, None)
+
+    # ------------------------------------------------------------------ receive side
+    async def _recv_loop(self) -> None:
+        assert self._pull is not None
+        while True:
+            data = await self._pull.recv()
+            try:
+                msg = decode_from_engine(data)
+            except msgspec.DecodeError:
+                logger.exception("undecodable message from the engine (%d bytes)", len(data))
+                continue
+            try:
+                if isinstance(msg, BatchOut):
+                    for out in msg.outputs:
+                        self._handle_output(out)
+                    if msg.stats is not None:
+                        self.last_stats = msg.stats
+                        self.metrics.update_engine_stats(msg.stats)
+                else:
+                    future = self.pending_calls.pop(msg.call_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(msg)
+            except Exception:  # one bad output must not stop every other request
+                logger.exception("failed to handle an engine message")
+
+    def _handle_output(self, out: ReqOutput) -> None:
+        state = self.states.get(out.rid)
+        if state is None:
+            return  # aborted on our side already
+        now = time.perf_counter()
+        new = out.new_token_ids
+        if new:
+            if state.first_token_time is None:
+                state.first_token_time = now
+                self.metrics.ttft.observe(now - state.created)
+            elif state.last_token_time is not None:
+                gap = (now - state.last_token_time) / len(new)
+                for _ in new:
+                    self.metrics.itl.observe(gap)
+            state.last_token_time = now
+            state.output_ids.extend(new)
+        state.prompt_tokens = out.prompt_tokens or state.prompt_tokens
+        state.completion_tokens = out.completion_tokens
+        state.cached_tokens = out.cached_tokens
+        if out.output_token_logprobs:
+            state.output_token_logprobs.extend(out.output_token_logprobs)
+        if out.output_top_logprobs:
+            state.output_top_logprobs.extend(out.output_top_logprobs)
+        if out.finish_reason is not None:
+            state.error_status = out.error_status
+            self._finish(state, out.finish_reason, new)
+        elif not new:
+            return  # nothing a client could see changed
+        elif state.text is not None:
+            state.text.add(new)
+        state.updated = True
+        state.notify.set()
+
+    def _finish(self, state: ReqState, reason: dict[str, Any], last_ids: list[int]) -> None:
+        state.finish_reason = reason
+        state.finished = True
+        state.finished_time = time.perf_counter()
+        if state.text is not None:
+            state.text.finish(last_ids, reason.get("matched"))
+        self.states.pop(state.rid, None)
+        aborted = reason.get("type") == "abort"
+        self.metrics.observe_finished(state.prompt_tokens, state.completion_tokens,
+                                      state.cached_tokens, state.e2e_latency, aborted)
+        logger.log(self._req_log_level,
+                   "Finish request rid=%s prompt_tokens=%d completion_tokens=%d "
+                   "cached_tokens=%d e2e_latency=%.3fs finish_reason=%s",
+                   state.rid, state.prompt_tokens, state.completion_tokens,
+                   state.cached_tokens, state.e2e_latency, reason)
+
+    async def _watch_engine(self) -> None:
+        while not self.stopping:
+            if not self.engine_alive():
+                self.mark_engine_dead()
+                return
+            await asyncio.sleep(0.5)
+
+    def mark_engine_dead(self) -> None:
+        """Fail everything in flight with 503 and tell the server to go down."""
+        if self.engine_dead:
+            return
+        self.engine_dead = True
+        logger.warning("%s; failing %d in-flight requests", ENGINE_DIED, len(self.states))
+        for state in list(self.states.values()):
+            state.error_status = 503
+            self._finish(state, {"type": "abort", "message": ENGINE_DIED}, [])
+            state.updated = True
+            state.notify.set()
+        for future in self.pending_calls.values():
+            if not future.done():
+                future.set_exception(ApiError(503, ENGINE_DIED))
+        if self.on_engine_death is not None:
+            self.on_engine_death()
+
+    async def shutdown_engine(self, timeout: float = 5.0) -> None:
+        """Ask the engine to exit; the caller joins (and if need be kills) the process."""
+        self.stopping = True
+        if self.engine_dead or self._push is None or not self.engine_alive():
+            return
+        call = asyncio.ensure_future(self.control("shutdown", timeout=timeout))
+        # The engine may exit on its own meanwhile (a process-group SIGTERM reaches it too):
+        # stop waiting for an answer that will never come.
+        while not call.done() and self.engine_alive():
+            await asyncio.wait({call}, timeout=0.1)
+        if not call.done():
+            call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        if not call.cancelled() and isinstance(call.exception(), ApiError):
+            logger.warning("engine shutdown call: %s", call.exception())

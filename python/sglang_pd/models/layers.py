@@ -1,0 +1,103 @@
+"""Building blocks shared by the decoder-only models: RMSNorm, RoPE, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 (bf16/fp16 inputs lose too much in the mean of squares), then
+        # scale in the input dtype, the order checkpoints were trained with.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in float32, with optional linear/llama3 scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: frequencies whose wavelength fits well inside the original context are kept,
+    # those far longer than it are slowed by `factor`, and a band in between is blended
+    # linearly in (original_context / wavelength).
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    orig = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    blend = (orig / wavelen - low) / (high - low)
+    blended = (1 - blend) * inv_freq / factor + blend * inv_freq
+    out = torch.where(wavelen > orig / low, inv_freq / factor, inv_freq)
+    in_band = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return torch.where(in_band, blended, out)
+
+
+class RotaryEmbedding:
+    """cos/sin tables [max_positions, head_dim // 2] computed once (float32, on first use per
+    device), then indexed by each step's positions. Rotation is the "split halves" (NeoX)
+    layout that HF Llama/Qwen checkpoints use."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: dict[str, Any] | None) -> None:
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.theta = theta
+        self.scaling = scaling
+        # Built lazily: models are constructed under a meta-device context by the loader.
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._tables:
+            inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
+            pos = torch.arange(self.max_positions, dtype=torch.int64, device="cpu").to(torch.float32)
+            freqs = torch.outer(pos, inv_freq)
+            self._tables[device] = (freqs.cos().to(device), freqs.sin().to(device))
+        return self._tables[device]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full-width [T, 1, head_dim] (cos, cos) and (-sin, sin) for ``positions`` [T], ready
+        to broadcast over heads; see apply_rope."""
+        cos, sin = self._table(positions.device)
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds max_position_embeddings {self.max_positions}"
+            )
+        c, s = cos[positions].to(dtype), sin[positions].to(dtype)
+        return torch.cat((c, c), -1).unsqueeze(1), torch.cat((-s, s), -1).unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim]: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+
+    Written as x * cos + swap_halves(x) * signed_sin with full-width tables: two wide
+    multiplies instead of four half-width ones, several times faster for long prefills."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
+
+
+class SwiGLUMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

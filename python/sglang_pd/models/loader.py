@@ -1,0 +1,154 @@
+"""Build a model from a HF directory: config.json + safetensors, or random ("dummy") weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sglang_pd.models.config import ModelConfig
+from sglang_pd.models.registry import get_model_class
+
+LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
+DUMMY_SEED = 0
+DUMMY_STD = 0.02
+DUMMY_BLOCK = 1_048_573  # prime
+_STR_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str, cfg: ModelConfig) -> torch.dtype:
+    """A torch.dtype, or "auto" (the checkpoint's torch_dtype) / "float32" / "bfloat16" / "float16"."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return cfg.torch_dtype
+    if dtype not in _STR_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: ['auto', {', '.join(map(repr, _STR_DTYPES))}]")
+    return _STR_DTYPES[dtype]
+
+
+def load_model(
+    model_path: str | Path,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    load_format: str = "auto",
+) -> tuple[nn.Module, ModelConfig]:
+    """Returns (model in eval mode with grads off, its ModelConfig).
+
+    load_format "auto" reads *.safetensors (sharded via model.safetensors.index.json or not);
+    "dummy" needs only config.json and fills weights from a fixed seed.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unsupported load_format {load_format!r}; supported: {list(LOAD_FORMATS)}")
+    path = Path(model_path)
+    cfg = ModelConfig.from_pretrained(path)
+    torch_dtype = resolve_dtype(dtype, cfg)
+    cls = get_model_class(cfg.architecture)
+    # Build on the meta device, then allocate uninitialised storage: no time spent on
+    # default random init that the checkpoint overwrites anyway.
+    with torch.device("meta"):
+        model = cls(cfg, torch_dtype)
+    model = model.to_empty(device=device)
+    if load_format == "dummy":
+        init_dummy_weights(model)
+    else:
+        load_safetensors(model, path)
+    model.eval()
+    model.requires_grad_(False)
+    return model, cfg
+
+
+def init_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
+    """Norm weights 1, everything else uniform with std DUMMY_STD, from a fixed seed.
+
+    Only one block of DUMMY_BLOCK random values is drawn and tiled over every tensor: drawing
+    135M values takes seconds on CPU, copying a block is memory-bound. The block length is
+    prime, so consecutive rows of a matrix see shifted, not repeated, values.
+    """
+    params = list(model.named_parameters())
+    if not params:
+        return
+    device, dtype = params[0][1].device, params[0][1].dtype
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    bound = DUMMY_STD * 3**0.5
+    block = (torch.rand(DUMMY_BLOCK, generator=gen) * (2 * bound) - bound).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for name, param in params:
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+                continue
+            flat = param.view(-1)
+            for start in range(0, flat.numel(), DUMMY_BLOCK):
+                n = min(DUMMY_BLOCK, flat.numel() - start)
+                flat[start : start + n].copy_(block[:n])
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index.name} lists shard files that do not exist in {path}: {missing}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        raise FileNotFoundError(
+            f"no *.safetensors checkpoint in {path} (found {present}); only safetensors is "
+            "supported -- use load_format='dummy' for random weights from config.json alone"
+        )
+    return files
+
+
+def _ignorable(name: str, model: nn.Module) -> bool:
+    # Precomputed RoPE buffers some exporters save; lm_head duplicated into tied checkpoints.
+    if name.endswith("rotary_emb.inv_freq"):
+        return True
+    return name == "lm_head.weight" and getattr(model, "lm_head", 0) is None
+
+
+def load_safetensors(model: nn.Module, path: Path) -> None:
+    from safetensors import safe_open
+
+    targets = model.hf_weight_map()  # type: ignore[operator]
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for file in checkpoint_files(path):
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    target = targets.get(name)
+                    if target is None:
+                        if not _ignorable(name, model):
+                            unexpected.append(name)
+                        continue
+                    tensor = f.get_tensor(name)
+                    param = params[target.param]
+                    want = (target.rows, *param.shape[1:])
+                    if tuple(tensor.shape) != want:
+                        raise ValueError(
+                            f"checkpoint tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, "
+                            f"config.json implies {want}"
+                        )
+                    param[target.row_start : target.row_start + target.rows].copy_(tensor)
+                    loaded.add(name)
+    if unexpected:
+        raise ValueError(
+            f"checkpoint {path} has {len(unexpected)} tensor(s) this {model.config.architecture} "
+            f"config does not use: {_names(unexpected)}"
+        )
+    missing = [n for n in targets if n not in loaded]
+    if missing:
+        raise ValueError(f"checkpoint {path} is missing {len(missing)} tensor(s): {_names(missing)}")
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")

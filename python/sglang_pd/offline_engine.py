@@ -1,0 +1,127 @@
+"""``sglang_pd.Engine``: the offline API (as ``sglang.Engine``), in-process.
+
+It drives the very EngineCore that the server's engine process runs (same scheduler, model
+runner and sampler), stepping it until the submitted requests finish.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+import msgspec
+
+from sglang_pd.engine.engine_core import EngineCore
+from sglang_pd.protocol import GenerateReq, ReqOutput, SamplingParams
+from sglang_pd.server_args import ServerArgs
+
+_SAMPLING_KEYS = frozenset(SamplingParams.__struct_fields__)
+
+
+def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
+    params = dict(params or {})
+    unknown = sorted(set(params) - _SAMPLING_KEYS)
+    if unknown:
+        raise ValueError(f"unknown sampling parameters {unknown}; allowed: {sorted(_SAMPLING_KEYS)}")
+    if isinstance(params.get("stop"), str):
+        params["stop"] = [params["stop"]]
+    try:
+        return msgspec.convert(params, SamplingParams, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid sampling parameters: {exc}") from exc
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
+        if model_path is not None:
+            server_args["model_path"] = model_path
+        self.server_args = ServerArgs(**server_args)
+        self.core: EngineCore | None = EngineCore(self.server_args)
+        self.tokenizer = None
+        tok_path = os.path.join(self.server_args.tokenizer_dir, "tokenizer.json")
+        if not self.server_args.skip_tokenizer_init:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(tok_path)
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ API
+    def generate(self, prompt: str | list[str] | None = None,
+                 sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool = False,
+                 top_logprobs_num: int = 0) -> dict[str, Any] | list[dict[str, Any]]:
+        prompts, single = self._normalize(prompt, input_ids)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
+        reqs = [GenerateReq(rid=f"offline-{next(self._ids)}", input_ids=ids,
+                            sampling_params=parse_sampling_params(p), return_logprob=return_logprob,
+                            top_logprobs_num=top_logprobs_num, arrival_time=time.time())
+                for ids, p in zip(prompts, params)]
+        results = self._run(reqs)
+        return results[0] if single else results
+
+    def shutdown(self) -> None:
+        self.core = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ internals
+    def _normalize(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt or input_ids")
+        if input_ids is not None:
+            single = bool(input_ids) and isinstance(input_ids[0], int)
+            return ([list(input_ids)] if single else [list(x) for x in input_ids]), single
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this engine runs with skip_tokenizer_init")
+        single = isinstance(prompt, str)
+        texts = [prompt] if single else list(prompt)
+        return [enc.ids for enc in self.tokenizer.encode_batch(texts)], single
+
+    def _run(self, reqs: list[GenerateReq]) -> list[dict[str, Any]]:
+        core = self.core
+        if core is None:
+            raise RuntimeError("engine is shut down")
+        start = time.perf_counter()
+        state: dict[str, dict[str, Any]] = {r.rid: {"ids": [], "out": None, "lp": [], "top": []} for r in reqs}
+        for r in reqs:
+            core.add_request(r)
+        pending = set(state)
+        while pending:
+            for out in core.step():
+                st = state[out.rid]
+                st["ids"].extend(out.new_token_ids)
+                st["lp"].extend(out.output_token_logprobs or [])
+                st["top"].extend(out.output_top_logprobs or [])
+                if out.finish_reason is not None:
+                    st["out"] = out
+                    st["latency"] = time.perf_counter() - start
+                    pending.discard(out.rid)
+        return [self._result(r, state[r.rid]) for r in reqs]
+
+    def _result(self, req: GenerateReq, st: dict[str, Any]) -> dict[str, Any]:
+        out: ReqOutput = st["out"]
+        if out.error_status:
+            raise ValueError(str((out.finish_reason or {}).get("message", "request failed")))
+        ids: list[int] = st["ids"]
+        text = ""
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(ids, skip_special_tokens=req.sampling_params.skip_special_tokens)
+            matched = (out.finish_reason or {}).get("matched")
+            if isinstance(matched, str) and not req.sampling_params.no_stop_trim and matched in text:
+                text = text[: text.index(matched)]
+        meta: dict[str, Any] = {"id": req.rid, "finish_reason": out.finish_reason,
+                                "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                                "cached_tokens": out.cached_tokens, "e2e_latency": st["latency"]}
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [[lp.logprob, lp.token_id, None] for lp in st["lp"]]
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = [[[x.logprob, x.token_id, None] for x in top] for top in st["top"]]
+        return {"text": text, "output_ids": ids, "meta_info": meta}
