@@ -79,8 +79,14 @@ class PagedRequests:
         )
 
 
-def make_pool(num_layers: int, kv_heads: int, head_dim: int, num_pages: int = 256,
-              page_size: int = 4, dtype: torch.dtype = torch.float32) -> KVPool:
+def make_pool(
+    num_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    num_pages: int = 256,
+    page_size: int = 4,
+    dtype: torch.dtype = torch.float32,
+) -> KVPool:
     return KVPool(num_layers, num_pages, page_size, kv_heads, head_dim, dtype)
 
 

@@ -32,21 +32,29 @@ def _copy_with(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-d
 
 
 def _logits(model, cfg, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    reqs = PagedRequests(make_pool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), TorchAttnBackend())
+    reqs = PagedRequests(
+        make_pool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), TorchAttnBackend()
+    )
     with torch.inference_mode():
         return model(reqs.batch(ForwardMode.EXTEND, {0: ids}))
 
 
 def test_missing_tensor_is_named(tiny: dict[str, Path], tmp_path: Path) -> None:
     name = "model.layers.2.mlp.up_proj.weight"
-    bad = _copy_with(tiny["llama"], tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != name})
-    with pytest.raises(ValueError, match=r"missing 1 tensor\(s\): model\.layers\.2\.mlp\.up_proj\.weight"):
+    bad = _copy_with(
+        tiny["llama"], tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != name}
+    )
+    with pytest.raises(
+        ValueError, match=r"missing 1 tensor\(s\): model\.layers\.2\.mlp\.up_proj\.weight"
+    ):
         load_model(bad, torch.float32)
 
 
 def test_missing_bias_is_named(tiny: dict[str, Path], tmp_path: Path) -> None:
     name = "model.layers.0.self_attn.k_proj.bias"
-    bad = _copy_with(tiny["qwen2"], tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != name})
+    bad = _copy_with(
+        tiny["qwen2"], tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != name}
+    )
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         load_model(bad, torch.float32)
 
@@ -71,7 +79,9 @@ def test_unsupported_architecture(tiny: dict[str, Path], tmp_path: Path) -> None
     cfg = json.loads((d / "config.json").read_text())
     cfg["architectures"] = ["MixtralForCausalLM"]
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"MixtralForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(
+        ValueError, match=r"MixtralForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"
+    ):
         load_model(d, torch.float32)
 
 
@@ -93,18 +103,25 @@ def test_sharded_checkpoint_and_tied_lm_head_copy(tiny: dict[str, Path], tmp_pat
     # exporters sometimes write lm_head.weight even for tied models; it must be accepted
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
     names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
     weight_map = {}
     for fname, keys in shards.items():
         save_file({k: tensors[k] for k in keys}, str(d / fname))
         weight_map.update({k: fname for k in keys})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     sharded, cfg = load_model(d, torch.float32)
     single, _ = load_model(src, torch.float32)
     for (name, a), (_, b) in zip(sharded.state_dict().items(), single.state_dict().items()):
         assert torch.equal(a, b), name
     ids = [5, 17, 300, 41, 9]
-    torch.testing.assert_close(_logits(sharded, cfg, ids), _logits(single, cfg, ids), atol=0, rtol=0)
+    torch.testing.assert_close(
+        _logits(sharded, cfg, ids), _logits(single, cfg, ids), atol=0, rtol=0
+    )
 
 
 def test_bfloat16_load(tiny: dict[str, Path]) -> None:
@@ -126,7 +143,9 @@ def test_dummy_load_from_config_only_dir(tmp_path: Path) -> None:
     logits = _logits(model, cfg, [1, 2, 3, 4, 5, 6, 7])
     assert logits.shape == (1, 49152) and torch.isfinite(logits).all()
     again, _ = load_model(d, torch.float32, load_format="dummy")  # fixed seed: same weights
-    assert torch.equal(again.model.layers[3].mlp.down_proj.weight, model.model.layers[3].mlp.down_proj.weight)
+    assert torch.equal(
+        again.model.layers[3].mlp.down_proj.weight, model.model.layers[3].mlp.down_proj.weight
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,8 +156,20 @@ def test_dummy_load_from_config_only_dir(tmp_path: Path) -> None:
         ("llama-3-8b", ("LlamaForCausalLM", 4096, 32, 32, 8, 128, 14336, 128256, False, False)),
     ],
 )
-def test_dummy_presets_have_real_shapes(tmp_path: Path, preset: str, shape: tuple) -> None:  # type: ignore[type-arg]
+def test_dummy_presets_have_real_shapes(
+    tmp_path: Path, preset: str, shape: tuple[object, ...]
+) -> None:
     cfg = ModelConfig.from_pretrained(make_dummy_config(preset, tmp_path / preset))
-    assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings, cfg.qkv_bias) == shape
+    assert (
+        cfg.architecture,
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.tie_word_embeddings,
+        cfg.qkv_bias,
+    ) == shape
     assert set(PRESETS) == {"smollm2-135m", "qwen2.5-0.5b", "llama-3-8b"}

@@ -23,8 +23,13 @@ BASE: dict[str, Any] = {
     "rope_theta": 500000.0,
     "eos_token_id": 7,
 }
-LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 1024}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 1024,
+}
 
 
 def test_defaults_and_derived_fields() -> None:
@@ -40,17 +45,25 @@ def test_family_flags() -> None:
     assert ModelConfig.from_dict({**BASE, "attention_bias": True}).o_bias
     qwen2 = ModelConfig.from_dict({**BASE, "architectures": ["Qwen2ForCausalLM"]})
     assert qwen2.qkv_bias and not qwen2.o_bias and not qwen2.qk_norm
-    qwen3 = ModelConfig.from_dict({**BASE, "architectures": ["Qwen3ForCausalLM"], "attention_bias": False})
+    qwen3 = ModelConfig.from_dict(
+        {**BASE, "architectures": ["Qwen3ForCausalLM"], "attention_bias": False}
+    )
     assert qwen3.qk_norm and not qwen3.qkv_bias
 
 
 def test_rope_parameters_new_format_matches_old() -> None:
     old = ModelConfig.from_dict({**BASE, "rope_scaling": {**LLAMA3, "type": "llama3"}})
-    new = ModelConfig.from_dict({**{k: v for k, v in BASE.items() if k != "rope_theta"},
-                                 "rope_parameters": {**LLAMA3, "rope_theta": 500000.0}})
+    new = ModelConfig.from_dict(
+        {
+            **{k: v for k, v in BASE.items() if k != "rope_theta"},
+            "rope_parameters": {**LLAMA3, "rope_theta": 500000.0},
+        }
+    )
     assert old.rope_theta == new.rope_theta == 500000.0
     assert old.rope_scaling == new.rope_scaling == LLAMA3
-    plain = ModelConfig.from_dict({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    plain = ModelConfig.from_dict(
+        {**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    )
     assert plain.rope_scaling is None and plain.rope_theta == 1e4
 
 
@@ -80,8 +93,10 @@ def test_inv_freq_matches_transformers(scaling: dict[str, Any] | None) -> None:
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in BASE.items() if k != "architectures"},
-                                      rope_scaling=dict(scaling) if scaling else None)
+    hf_cfg = transformers.LlamaConfig(
+        **{k: v for k, v in BASE.items() if k != "architectures"},
+        rope_scaling=dict(scaling) if scaling else None,
+    )
     rope_type = scaling["rope_type"] if scaling else "default"
     if rope_type == "default":
         want = 1.0 / (500000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
@@ -103,8 +118,12 @@ def test_rope_rotates_pairs_of_halves() -> None:
     torch.testing.assert_close(out[0], x[0])  # position 0: identity
     angle = 3 * torch.tensor([1.0, 1.0 / 100.0])  # inv_freq = theta^(-2i/d) for i = 0, 1
     c, s = angle.cos(), angle.sin()
-    want = torch.cat([torch.tensor([1.0, 2.0]) * c - torch.tensor([3.0, 4.0]) * s,
-                      torch.tensor([3.0, 4.0]) * c + torch.tensor([1.0, 2.0]) * s])
+    want = torch.cat(
+        [
+            torch.tensor([1.0, 2.0]) * c - torch.tensor([3.0, 4.0]) * s,
+            torch.tensor([3.0, 4.0]) * c + torch.tensor([1.0, 2.0]) * s,
+        ]
+    )
     torch.testing.assert_close(out[1, 0], want)
     with pytest.raises(ValueError, match="max_position_embeddings 16"):
         rope.cos_sin(torch.tensor([16]), torch.float32)

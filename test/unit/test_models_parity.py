@@ -7,6 +7,7 @@ Tiny-model logits have std ~13 (max ~50), so atol 5e-4 is ~1e-5 relative: float3
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,23 @@ ATOL = 5e-4
 PROMPTS = [
     "Hello, my name is",
     "The",
-    "Once upon a time, in a village at the edge of a great forest, there lived a girl who could talk to owls.",
+    "Once upon a time, in a village at the edge of a great forest, there lived a girl who could "
+    "talk to owls.",
     "def add(a, b):\n    return a + b",
     "User: Can you tell me something about the river?\nAssistant:",
     "Recipe for warm bread\nIngredients:\n- 2 cups of flour",
     "Q: What is 12 minus 5?\nA:",
-    "The benchmark measured a throughput of 2447 requests per second at batch size 32, with a latency of",
+    "The benchmark measured a throughput of 2447 requests per second at batch size 32, "
+    "with a latency of",
 ]
 GEN_PROMPTS = PROMPTS + [
-    "The capital of France is", "Write a poem about the sea.", "The quick brown fox", "2 + 2 =",
-    "Nora whispered to the owl", "Plant beans after the last frost", "Tell me a story about a dragon.",
+    "The capital of France is",
+    "Write a poem about the sea.",
+    "The quick brown fox",
+    "2 + 2 =",
+    "Nora whispered to the owl",
+    "Plant beans after the last frost",
+    "Tell me a story about a dragon.",
     "for (int i = 0; i < n; ++i) {",
 ]
 
@@ -51,7 +59,9 @@ def loaded(tiny: dict[str, Path]) -> dict[str, Any]:
     def get(arch: str) -> tuple[Any, Any, Any, Any]:
         if arch not in cache:
             model, cfg = load_model(tiny[arch], torch.float32)
-            hf = transformers.AutoModelForCausalLM.from_pretrained(tiny[arch], dtype=torch.float32).eval()
+            hf = transformers.AutoModelForCausalLM.from_pretrained(
+                tiny[arch], dtype=torch.float32
+            ).eval()
             tok = transformers.AutoTokenizer.from_pretrained(tiny[arch])
             cache[arch] = (model, cfg, hf, tok)
         return cache[arch]
@@ -93,7 +103,7 @@ def test_prefill_then_decode_matches_hf(loaded: Any, arch: str, strategy: str) -
         feed = {i: [ref[i][0][step]] for i in range(len(ids))}
         logits = model(reqs.batch(ForwardMode.DECODE, feed))
         want = torch.stack([r[1][step + 1] for r in ref])
-        torch.testing.assert_close(logits, want, atol=ATOL, rtol=0, msg=lambda m: f"decode step {step}: {m}")
+        assert (logits - want).abs().max() <= ATOL, f"decode step {step}"
 
 
 @pytest.mark.parametrize("strategy", ["padded", "loop"])
@@ -106,7 +116,7 @@ def test_chunked_prefill_matches_one_shot(loaded: Any, arch: str, strategy: str)
     one_shot = model(_requests(cfg, strategy).batch(ForwardMode.EXTEND, {0: long_ids}))
     reqs = _requests(cfg, strategy, seed=1)
     cuts = [0, len(long_ids) // 3, 2 * len(long_ids) // 3, len(long_ids)]
-    for c, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+    for c, (lo, hi) in enumerate(itertools.pairwise(cuts)):
         # each chunk shares its step with a fresh request, mixing prefix and no-prefix rows
         other = tok(PROMPTS[c])["input_ids"]
         logits = model(reqs.batch(ForwardMode.EXTEND, {0: long_ids[lo:hi], 10 + c: other}))
@@ -123,8 +133,10 @@ def test_greedy_generation_matches_hf_generate(loaded: Any, arch: str) -> None:
     ids = [tok(p)["input_ids"] for p in GEN_PROMPTS]
     want = []
     for x in ids:  # HF stops after an EOS (generation_config: <|im_end|>, <|endoftext|>)
-        seq = hf.generate(torch.tensor([x]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        want.append(seq[0, len(x):].tolist())
+        seq = hf.generate(
+            torch.tensor([x]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+        )
+        want.append(seq[0, len(x) :].tolist())
     reqs = _requests(cfg, "auto")
     logits = model(reqs.batch(ForwardMode.EXTEND, dict(enumerate(ids))))
     got: list[list[int]] = [[] for _ in ids]

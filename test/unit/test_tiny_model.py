@@ -60,9 +60,12 @@ def test_same_bytes_in_a_fresh_process(tmp_path: Path) -> None:
     import sys
 
     out = tmp_path / "again"
-    subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_tiny_model", str(out), "--arch", "qwen2"],
-                   check=True, capture_output=True, env={"PYTHONHASHSEED": "123", "RAYON_NUM_THREADS": "2",
-                                                         **_base_env()})
+    subprocess.run(
+        [sys.executable, "-m", "sglang_pd.tools.make_tiny_model", str(out), "--arch", "qwen2"],
+        check=True,
+        capture_output=True,
+        env={"PYTHONHASHSEED": "123", "RAYON_NUM_THREADS": "2", **_base_env()},
+    )
     assert {p.name: _sha256(p) for p in out.iterdir()} == EXPECTED_SHA256["qwen2"]
 
 
@@ -77,7 +80,12 @@ def test_config_shapes(tiny: dict[str, Path], arch: str) -> None:
     cfg = ModelConfig.from_pretrained(tiny[arch])
     spec = TinySpec()
     assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
-        spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim)
+        spec.hidden_size,
+        spec.num_layers,
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+    )
     assert cfg.vocab_size == spec.vocab_size and cfg.max_position_embeddings == 4096
     assert cfg.eos_token_ids == (IM_END_ID, 0)
     assert cfg.qkv_bias == (arch == "qwen2") and cfg.qk_norm == (arch == "qwen3")
@@ -120,15 +128,23 @@ def test_chat_template_renders(tiny: dict[str, Path]) -> None:
     assert template.render(messages=messages[1:], add_generation_prompt=False) == (
         "<|im_start|>user\nHi there<|im_end|>\n"
     )
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    ]
     assert template.render(messages=parts) == "<|im_start|>user\nab<|im_end|>\n"
 
 
 def test_transformers_loads_tokenizer_and_template(tiny: dict[str, Path]) -> None:
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(tiny["qwen3"])
-    assert (tok.eos_token, tok.pad_token, tok.bos_token) == ("<|im_end|>", "<|endoftext|>", "<|endoftext|>")
+    assert (tok.eos_token, tok.pad_token, tok.bos_token) == (
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|endoftext|>",
+    )
     ids = tok("Hello world")["input_ids"]
     assert tok.decode(ids) == "Hello world"  # no BOS/EOS added
-    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"

@@ -45,7 +45,8 @@ def format_summary(m: BenchMetrics, info: dict[str, Any]) -> str:
     o = m.overall
     out = [_rule(" Serving Benchmark Result ", "=")]
     out.append(_line("Backend:", info["backend"]))
-    out.append(_line("Traffic request rate (req/s):", _rate(info["request_rate"])))
+    rate = info["request_rate"]
+    out.append(_line("Traffic request rate (req/s):", "inf" if math.isinf(rate) else f"{rate:g}"))
     if info.get("trace_timed"):
         out.append(_line("Trace time scale (x):", info["time_scale"]))
     out.append(_line("Max request concurrency:", info.get("max_concurrency") or "not set"))

@@ -118,6 +118,11 @@ class BootstrapServer:
             except queue.Empty:
                 return out
 
+    def has_events(self) -> bool:
+        """Whether ``poll`` has something to return (always True unthreaded: it reads the socket).
+        An idle engine must still poll then, or a Register waits unanswered for its next request."""
+        return not self._threaded or not self._inbox.empty()
+
     def send(self, client_id: str, msg: m.Message) -> None:
         if self._threaded:
             self._outbox.put((client_id, msg))

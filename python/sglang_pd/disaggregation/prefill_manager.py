@@ -10,6 +10,7 @@ The engine calls, from its loop thread only:
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from sglang_pd.disaggregation import messages as m
@@ -25,6 +26,8 @@ from sglang_pd.disaggregation.state import KVSenderState, RoomUpdate, SenderPhas
 from sglang_pd.disaggregation.transfer.base import KVTransport, TransferError, TransferHandle
 
 logger = logging.getLogger(__name__)
+
+CLOSED_ROOMS_KEPT = 4096  # finished rooms remembered, to refuse a late Register at once
 
 
 @dataclass
@@ -63,6 +66,10 @@ class KVSenderManager:
         )
         self.rooms: dict[int, _Room] = {}
         self._client_peer: dict[str, str] = {}  # decode client_id -> its NIXL agent name
+        # room -> why it closed. A decode that registers only after prefill gave up on the room
+        # (e.g. it waited for free pages past the bootstrap timeout) is refused at once, instead
+        # of being acked and left waiting for a request that is gone.
+        self._closed: OrderedDict[int, str] = OrderedDict()
 
     def _room(self, room: int, now: float) -> _Room:
         r = self.rooms.get(room)
@@ -71,7 +78,13 @@ class KVSenderManager:
             r = self.rooms[room] = _Room(st)
         return r
 
+    @property
+    def has_pending(self) -> bool:
+        """Rooms still open or bootstrap events waiting: the engine should keep calling poll()."""
+        return bool(self.rooms) or self.server.has_events()
+
     def add_request(self, room: int, src_pages: list[int], now: float) -> None:
+        self._closed.pop(room, None)  # a new request reusing the number starts afresh
         r = self._room(room, now)
         if r.src_pages is not None:
             raise ValueError(
@@ -122,6 +135,9 @@ class KVSenderManager:
                 st = r.state
                 updates.append(RoomUpdate(room, st.phase.value, st.failure, st.reason))
                 del self.rooms[room]
+                self._closed[room] = st.reason or f"its transfer already ended ({st.phase.value})"
+                while len(self._closed) > CLOSED_ROOMS_KEPT:
+                    self._closed.popitem(last=False)
         return updates
 
     def _on_event(self, ev: Incoming | Refused | PeerDead, now: float) -> None:
@@ -148,6 +164,11 @@ class KVSenderManager:
                 r.state.on_abort(now, ev.msg.reason)
 
     def _on_register(self, client_id: str, reg: m.Register, now: float) -> None:
+        closed = self._closed.get(reg.room)
+        if closed is not None and reg.room not in self.rooms:
+            why = f"room {reg.room} is already closed on this prefill: {closed}"
+            self.server.send(client_id, m.RegisterRefused(reg.room, why))
+            return
         r = self._room(reg.room, now)
         if r.state.bootstrapped or r.state.is_finished:
             why = r.state.reason or f"room {reg.room} is already registered"

@@ -26,9 +26,12 @@ class ModelRunner:
     def _token_slots(self, reqs: Sequence[Req], seq_lens: list[int]) -> torch.Tensor:
         """[B, max(seq_lens)] KV slot of every token; padding points into dummy page 0."""
         max_pages = max(len(r.pages) for r in reqs)
-        table = torch.zeros((len(reqs), max_pages), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            table[i, : len(r.pages)] = torch.tensor(r.pages, dtype=torch.long)
+        # one tensor from one flat list: a torch.tensor call per request costs more than the list
+        flat: list[int] = []
+        for r in reqs:
+            flat.extend(r.pages)
+            flat.extend([0] * (max_pages - len(r.pages)))
+        table = torch.tensor(flat, dtype=torch.long).view(len(reqs), max_pages)
         slots = (table[:, :, None] * self.page_size + self._page_offsets).view(len(reqs), -1)
         return slots[:, : max(seq_lens)]
 

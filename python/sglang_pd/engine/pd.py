@@ -87,7 +87,9 @@ class PrefillSide:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self.transferring)
+        # also rooms decode registered before (or without) their request reaching us: an idle
+        # engine must still answer them and time them out
+        return bool(self.transferring) or self.mgr.has_pending
 
     def held_pages(self) -> int:
         return sum(len(r.pages) for r in self.transferring.values())

@@ -71,7 +71,9 @@ class ModelConfig:
         return cls.from_dict(cfg, gen)
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelConfig:
+    def from_dict(
+        cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None
+    ) -> ModelConfig:
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -88,7 +90,9 @@ class ModelConfig:
         hidden, heads = int(req("hidden_size")), int(req("num_attention_heads"))
         head_dim = cfg.get("head_dim") or hidden // heads
         if cfg.get("head_dim") is None and hidden % heads:
-            raise ValueError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+            raise ValueError(
+                f"hidden_size {hidden} is not divisible by num_attention_heads {heads}"
+            )
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; supported: ['silu']")
         if cfg.get("mlp_bias"):
@@ -98,10 +102,14 @@ class ModelConfig:
         theta, scaling = _rope_params(cfg)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", False))
-        eos = _eos_ids(cfg.get("eos_token_id")) + _eos_ids((generation_config or {}).get("eos_token_id"))
+        eos = _eos_ids(cfg.get("eos_token_id")) + _eos_ids(
+            (generation_config or {}).get("eos_token_id")
+        )
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
         if dtype_name not in _DTYPES:
-            raise ValueError(f"unsupported torch_dtype {dtype_name!r}; supported: {sorted(_DTYPES)}")
+            raise ValueError(
+                f"unsupported torch_dtype {dtype_name!r}; supported: {sorted(_DTYPES)}"
+            )
         return cls(
             architecture=arch,
             model_type=str(cfg.get("model_type", "")),
@@ -149,7 +157,9 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         return theta, None
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"unsupported rope type {rope_type!r}; supported: {list(SUPPORTED_ROPE_TYPES)}")
+        raise ValueError(
+            f"unsupported rope type {rope_type!r}; supported: {list(SUPPORTED_ROPE_TYPES)}"
+        )
     if rope_type == "default":
         return theta, None
     scaling.pop("type", None)

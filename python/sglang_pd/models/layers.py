@@ -26,7 +26,9 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] in float32, with optional linear/llama3 scaling."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
+    exponents = (
+        torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
+    )
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
@@ -51,8 +53,9 @@ class RotaryEmbedding:
     device), then indexed by each step's positions. Rotation is the "split halves" (NeoX)
     layout that HF Llama/Qwen checkpoints use."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict[str, Any] | None) -> None:
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ) -> None:
         self.head_dim = head_dim
         self.max_positions = max_positions
         self.theta = theta
@@ -63,18 +66,23 @@ class RotaryEmbedding:
     def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._tables:
             inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
-            pos = torch.arange(self.max_positions, dtype=torch.int64, device="cpu").to(torch.float32)
+            pos = torch.arange(self.max_positions, dtype=torch.int64, device="cpu").to(
+                torch.float32
+            )
             freqs = torch.outer(pos, inv_freq)
             self._tables[device] = (freqs.cos().to(device), freqs.sin().to(device))
         return self._tables[device]
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Full-width [T, 1, head_dim] (cos, cos) and (-sin, sin) for ``positions`` [T], ready
         to broadcast over heads; see apply_rope."""
         cos, sin = self._table(positions.device)
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(
-                f"position {int(positions.max())} exceeds max_position_embeddings {self.max_positions}"
+                f"position {int(positions.max())} exceeds max_position_embeddings "
+                f"{self.max_positions}"
             )
         c, s = cos[positions].to(dtype), sin[positions].to(dtype)
         return torch.cat((c, c), -1).unsqueeze(1), torch.cat((-s, s), -1).unsqueeze(1)
@@ -90,14 +98,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 
 class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
+    """down(silu(gate(x)) * up(x)).
+
+    gate and up stay two matmuls: on CPU (MKL, 2 cores) one fused [hidden, 2 * intermediate]
+    matmul measured 3-10% slower than the pair, plus a strided activation afterwards."""
 
     def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)).mul_(self.up_proj(x)))

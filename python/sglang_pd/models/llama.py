@@ -2,9 +2,9 @@
 
 The three differ only in flags carried by ModelConfig (qkv_bias, o_bias, qk_norm, rope
 scaling), so one implementation serves all of them. Module names mirror the HF checkpoint
-names ("model.layers.N.self_attn...") except for two fused projections -- qkv_proj (q, k, v)
-and gate_up_proj (gate, up) -- which halve the number of matmuls per layer;
-``hf_weight_map`` tells the loader which HF tensor fills which rows of which parameter.
+names ("model.layers.N.self_attn...") except that q, k and v are fused into one qkv_proj
+(one matmul instead of three; gate/up stay separate, see SwiGLUMLP); ``hf_weight_map`` tells
+the loader which HF tensor fills which rows of which parameter.
 """
 
 from __future__ import annotations
@@ -33,15 +33,21 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.head_dim**-0.5
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias, dtype=dtype)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias, dtype=dtype
+        )
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias, dtype=dtype)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -62,7 +68,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
         # h is a fresh tensor owned by this forward, so the residual adds may be in place.
         h = h.add_(self.self_attn(self.input_layernorm(h), cos, sin, batch))
         return h.add_(self.mlp(self.post_attention_layernorm(h)))
@@ -93,10 +101,13 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg, dtype)
         self.lm_head = (
-            None if cfg.tie_word_embeddings
+            None
+            if cfg.tie_word_embeddings
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         )
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [B, vocab] of each request's last new token in ``batch``."""
@@ -125,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
         whole("model.norm.weight")
         if self.lm_head is not None:
             whole("lm_head.weight")
-        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        q, kv = cfg.q_size, cfg.kv_size
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             for suffix in ("weight", "bias") if cfg.qkv_bias else ("weight",):
@@ -139,8 +150,8 @@ class LlamaForCausalLM(nn.Module):
             if cfg.qk_norm:
                 whole(f"{p}self_attn.q_norm.weight")
                 whole(f"{p}self_attn.k_norm.weight")
-            out[f"{p}mlp.gate_proj.weight"] = WeightTarget(f"{p}mlp.gate_up_proj.weight", 0, inter)
-            out[f"{p}mlp.up_proj.weight"] = WeightTarget(f"{p}mlp.gate_up_proj.weight", inter, inter)
+            whole(f"{p}mlp.gate_proj.weight")
+            whole(f"{p}mlp.up_proj.weight")
             whole(f"{p}mlp.down_proj.weight")
             whole(f"{p}input_layernorm.weight")
             whole(f"{p}post_attention_layernorm.weight")

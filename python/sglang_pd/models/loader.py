@@ -16,18 +16,22 @@ DUMMY_SEED = 0
 DUMMY_STD = 0.02
 DUMMY_BLOCK = 1_048_573  # prime
 _STR_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
 }
 
 
 def resolve_dtype(dtype: torch.dtype | str, cfg: ModelConfig) -> torch.dtype:
-    """A torch.dtype, or "auto" (the checkpoint's torch_dtype) / "float32" / "bfloat16" / "float16"."""
+    """A torch.dtype, or "auto" (the checkpoint's torch_dtype), "float32", "bfloat16", "float16"."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return cfg.torch_dtype
     if dtype not in _STR_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; supported: ['auto', {', '.join(map(repr, _STR_DTYPES))}]")
+        raise ValueError(
+            f"unsupported dtype {dtype!r}; supported: ['auto', {', '.join(map(repr, _STR_DTYPES))}]"
+        )
     return _STR_DTYPES[dtype]
 
 
@@ -43,7 +47,9 @@ def load_model(
     "dummy" needs only config.json and fills weights from a fixed seed.
     """
     if load_format not in LOAD_FORMATS:
-        raise ValueError(f"unsupported load_format {load_format!r}; supported: {list(LOAD_FORMATS)}")
+        raise ValueError(
+            f"unsupported load_format {load_format!r}; supported: {list(LOAD_FORMATS)}"
+        )
     path = Path(model_path)
     cfg = ModelConfig.from_pretrained(path)
     torch_dtype = resolve_dtype(dtype, cfg)
@@ -75,7 +81,9 @@ def init_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
     device, dtype = params[0][1].device, params[0][1].dtype
     gen = torch.Generator(device="cpu").manual_seed(seed)
     bound = DUMMY_STD * 3**0.5
-    block = (torch.rand(DUMMY_BLOCK, generator=gen) * (2 * bound) - bound).to(device=device, dtype=dtype)
+    block = (torch.rand(DUMMY_BLOCK, generator=gen) * (2 * bound) - bound).to(
+        device=device, dtype=dtype
+    )
     with torch.no_grad():
         for name, param in params:
             if name.endswith("norm.weight"):
@@ -94,7 +102,9 @@ def checkpoint_files(path: Path) -> list[Path]:
         files = [path / f for f in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise FileNotFoundError(f"{index.name} lists shard files that do not exist in {path}: {missing}")
+            raise FileNotFoundError(
+                f"{index.name} lists shard files that do not exist in {path}: {missing}"
+            )
         return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -123,7 +133,7 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
     with torch.no_grad():
         for file in checkpoint_files(path):
             with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     target = targets.get(name)
                     if target is None:
                         if not _ignorable(name, model):
@@ -134,7 +144,8 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
                     want = (target.rows, *param.shape[1:])
                     if tuple(tensor.shape) != want:
                         raise ValueError(
-                            f"checkpoint tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, "
+                            f"checkpoint tensor {name!r} in {file.name} has shape "
+                            f"{tuple(tensor.shape)}, "
                             f"config.json implies {want}"
                         )
                     param[target.row_start : target.row_start + target.rows].copy_(tensor)
@@ -146,7 +157,9 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
         )
     missing = [n for n in targets if n not in loaded]
     if missing:
-        raise ValueError(f"checkpoint {path} is missing {len(missing)} tensor(s): {_names(missing)}")
+        raise ValueError(
+            f"checkpoint {path} is missing {len(missing)} tensor(s): {_names(missing)}"
+        )
 
 
 def _names(names: list[str], limit: int = 8) -> str:

@@ -94,9 +94,13 @@ def make_dummy_config(preset: str, out_dir: str | Path) -> Path:
     cfg = PRESETS[preset]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(
+        json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "generation_config.json").write_text(
+        json.dumps(gen, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     return out
 
 

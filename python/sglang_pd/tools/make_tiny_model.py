@@ -76,24 +76,50 @@ ARCHS: dict[str, ArchSpec] = {
     # llama3 rope scaling with original_max 1024 puts the 16 RoPE frequencies of head_dim 32
     # in all three regimes (kept, smoothly interpolated, divided by factor).
     "llama": ArchSpec(
-        "LlamaForCausalLM", "llama", 500000.0, tie_word_embeddings=False, qkv_bias=False,
+        "LlamaForCausalLM",
+        "llama",
+        500000.0,
+        tie_word_embeddings=False,
+        qkv_bias=False,
         qk_norm=False,
         extra=(
-            ("rope_scaling", {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}),
-            ("attention_bias", False), ("mlp_bias", False), ("pretraining_tp", 1),
+            (
+                "rope_scaling",
+                {
+                    "rope_type": "llama3",
+                    "factor": 4.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 1024,
+                },
+            ),
+            ("attention_bias", False),
+            ("mlp_bias", False),
+            ("pretraining_tp", 1),
         ),
     ),
     "qwen2": ArchSpec(
-        "Qwen2ForCausalLM", "qwen2", 1000000.0, tie_word_embeddings=True, qkv_bias=True,
+        "Qwen2ForCausalLM",
+        "qwen2",
+        1000000.0,
+        tie_word_embeddings=True,
+        qkv_bias=True,
         qk_norm=False,
         extra=(("use_sliding_window", False), ("sliding_window", 4096), ("max_window_layers", 4)),
     ),
     "qwen3": ArchSpec(
-        "Qwen3ForCausalLM", "qwen3", 1000000.0, tie_word_embeddings=True, qkv_bias=False,
+        "Qwen3ForCausalLM",
+        "qwen3",
+        1000000.0,
+        tie_word_embeddings=True,
+        qkv_bias=False,
         qk_norm=True,
-        extra=(("attention_bias", False), ("use_sliding_window", False),
-               ("sliding_window", None), ("max_window_layers", 4)),
+        extra=(
+            ("attention_bias", False),
+            ("use_sliding_window", False),
+            ("sliding_window", None),
+            ("max_window_layers", 4),
+        ),
     ),
 }
 
@@ -129,7 +155,9 @@ def train_tokenizer(vocab_size: int) -> str:
     return tok.to_str(pretty=True)
 
 
-def _uniform(rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: float = 0.0) -> np.ndarray:
+def _uniform(
+    rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: float = 0.0
+) -> np.ndarray:
     # float32 uniform in [mean - a, mean + a) with the given std; exact float32 arithmetic only,
     # so the bytes do not depend on the platform's libm.
     a = np.float32(std * math.sqrt(3.0))
@@ -205,8 +233,14 @@ def make_config(spec: TinySpec, arch: ArchSpec) -> dict[str, Any]:
 def _tokenizer_files(out: Path, tokenizer_json: str, spec: TinySpec) -> None:
     (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     added = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": True}
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for i, t in enumerate(SPECIAL_TOKENS)
     }
     _dump_json(
@@ -238,7 +272,9 @@ def _tokenizer_files(out: Path, tokenizer_json: str, spec: TinySpec) -> None:
     )
 
 
-def make_tiny_model(out_dir: str | Path, arch: str = "llama", tokenizer_json: str | None = None) -> Path:
+def make_tiny_model(
+    out_dir: str | Path, arch: str = "llama", tokenizer_json: str | None = None
+) -> Path:
     """Write the tiny ``arch`` model into ``out_dir`` (created if needed); returns its path.
 
     ``tokenizer_json`` lets a caller building several archs train the tokenizer once
@@ -253,12 +289,17 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", tokenizer_json: st
     out.mkdir(parents=True, exist_ok=True)
     _dump_json(make_config(spec, aspec), out / "config.json")
     _dump_json(
-        {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
-         "pad_token_id": ENDOFTEXT_ID},
+        {
+            "bos_token_id": ENDOFTEXT_ID,
+            "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
+            "pad_token_id": ENDOFTEXT_ID,
+        },
         out / "generation_config.json",
     )
     seed = SEED + sorted(ARCHS).index(arch)
-    save_file(make_weights(spec, aspec, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        make_weights(spec, aspec, seed), str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     _tokenizer_files(out, tokenizer_json or train_tokenizer(spec.vocab_size), spec)
     return out
 

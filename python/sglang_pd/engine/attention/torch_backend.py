@@ -52,7 +52,9 @@ class TorchAttnMetadata:
     mode: ForwardMode
     max_len: int  # L = token_slots.shape[1]
     kv_index: torch.Tensor | None  # [B * kv_heads * L], (request, head, position) order
-    mask: torch.Tensor | None  # decode [B,1,1,L]; padded extend [B,1,E,L]
+    # additive 0/-inf: decode [B,1,1,L] (None when no request is shorter than L);
+    # padded extend [B,1,E,L] (None when SDPA's is_causal suffices)
+    mask: torch.Tensor | None
     k_buf: torch.Tensor | None  # [B * kv_heads * L, head_dim], reused by every layer
     v_buf: torch.Tensor | None
     max_extend: int = 1  # E
@@ -67,7 +69,17 @@ def _head_major_index(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return (slots.unsqueeze(-2) * kv_heads + heads).reshape(-1)
 
 
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean "may attend" mask -> additive 0 / -inf mask. SDPA converts a boolean mask to this
+    form on every call; converting once per step saves that work in every layer."""
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return out.masked_fill_(~allowed, float("-inf"))
+
+
 class TorchAttnBackend(AttentionBackend):
+    """Metadata from init_forward_metadata is valid until its next call (the gather buffers
+    are shared between steps); steps run one after another."""
+
     def __init__(self, extend_strategy: str = "auto") -> None:
         if extend_strategy not in EXTEND_STRATEGIES:
             raise ValueError(
@@ -78,8 +90,9 @@ class TorchAttnBackend(AttentionBackend):
         # fresh multi-MB tensors each step cost page faults comparable to the gather itself.
         self._gather_storage: torch.Tensor | None = None
 
-    def _gather_buffers(self, rows: int, head_dim: int, dtype: torch.dtype,
-                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather_buffers(
+        self, rows: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         need = rows * head_dim
         st = self._gather_storage
         if st is None or st.numel() < 2 * need or st.dtype != dtype or st.device != device:
@@ -101,7 +114,8 @@ class TorchAttnBackend(AttentionBackend):
             max_ext = max(ext_cpu)
             real_area = sum(e * s for e, s in zip(ext_cpu, seq_cpu))
             pad = self.extend_strategy == "padded" or (
-                self.extend_strategy == "auto" and bsz * max_ext * max_len <= PAD_WASTE_LIMIT * real_area
+                self.extend_strategy == "auto"
+                and bsz * max_ext * max_len <= PAD_WASTE_LIMIT * real_area
             )
             if not pad:
                 batch.attn_metadata = self._loop_metadata(batch, ext_cpu, seq_cpu, key_pos)
@@ -111,15 +125,21 @@ class TorchAttnBackend(AttentionBackend):
         k_buf, v_buf = self._gather_buffers(rows, pool.head_dim, pool.dtype, device)
         kv_index = _head_major_index(slots, pool.kv_heads)
         if batch.mode == ForwardMode.DECODE:
-            mask = (key_pos[None, :] < seq_lens[:, None]).view(bsz, 1, 1, max_len)
-            batch.attn_metadata = TorchAttnMetadata(batch.mode, max_len, kv_index, mask, k_buf, v_buf)
+            mask = None  # all requests equally long: nothing to mask
+            if bool((batch.seq_lens != max_len).any()):  # CPU tensor: no device sync
+                allowed = (key_pos[None, :] < seq_lens[:, None]).view(bsz, 1, 1, max_len)
+                mask = _additive(allowed, pool.dtype)
+            batch.attn_metadata = TorchAttnMetadata(
+                batch.mode, max_len, kv_index, mask, k_buf, v_buf
+            )
             return
 
         if batch.num_tokens == bsz * max_len:
             # Every request is a fresh prompt of the same length: SDPA's causal mode skips the
             # blocks above the diagonal, which an explicit mask cannot.
-            batch.attn_metadata = TorchAttnMetadata(batch.mode, max_len, kv_index, None, k_buf, v_buf,
-                                                    max_ext, causal=True)
+            batch.attn_metadata = TorchAttnMetadata(
+                batch.mode, max_len, kv_index, None, k_buf, v_buf, max_ext, causal=True
+            )
             return
         ext = batch.extend_lens.to(device)
         q_row = torch.arange(max_ext, device=device)
@@ -130,7 +150,15 @@ class TorchAttnBackend(AttentionBackend):
         valid_row = q_row[None, :] < ext[:, None]
         mask = (key_pos[None, None, :] <= qpos[:, :, None]) & valid_row[:, :, None]
         mask[:, :, 0] |= ~valid_row
-        meta = TorchAttnMetadata(batch.mode, max_len, kv_index, mask.unsqueeze(1), k_buf, v_buf, max_ext)
+        meta = TorchAttnMetadata(
+            batch.mode,
+            max_len,
+            kv_index,
+            _additive(mask.unsqueeze(1), pool.dtype),
+            k_buf,
+            v_buf,
+            max_ext,
+        )
         if batch.num_tokens != bsz * max_ext:
             batch_idx = torch.repeat_interleave(torch.arange(bsz, device=device), ext)
             first = torch.cumsum(ext, 0) - ext
@@ -139,8 +167,9 @@ class TorchAttnBackend(AttentionBackend):
         batch.attn_metadata = meta
 
     @staticmethod
-    def _loop_metadata(batch: ForwardBatch, ext_cpu: list[int], seq_cpu: list[int],
-                       key_pos: torch.Tensor) -> TorchAttnMetadata:
+    def _loop_metadata(
+        batch: ForwardBatch, ext_cpu: list[int], seq_cpu: list[int], key_pos: torch.Tensor
+    ) -> TorchAttnMetadata:
         kv_heads = batch.kv_pool.kv_heads
         requests: list[_Request] = []
         start = 0
@@ -151,8 +180,16 @@ class TorchAttnBackend(AttentionBackend):
             index = _head_major_index(batch.token_slots[b, :n], kv_heads)
             requests.append(_Request(start, e, n, index, causal=e > 1 and n == e, mask=mask))
             start += e
-        return TorchAttnMetadata(batch.mode, int(batch.token_slots.shape[1]), None, None, None, None,
-                                 max(ext_cpu), requests=requests)
+        return TorchAttnMetadata(
+            batch.mode,
+            int(batch.token_slots.shape[1]),
+            None,
+            None,
+            None,
+            None,
+            max(ext_cpu),
+            requests=requests,
+        )
 
     # ---- per layer ------------------------------------------------------------------------
     def forward(
@@ -172,9 +209,11 @@ class TorchAttnBackend(AttentionBackend):
         # for the head-major gather.
         num_new = k.shape[0]
         k_cache.view(-1, kv_heads * head_dim).index_copy_(
-            0, batch.out_cache_loc, k.reshape(num_new, -1).to(pool.dtype))
+            0, batch.out_cache_loc, k.reshape(num_new, -1).to(pool.dtype)
+        )
         v_cache.view(-1, kv_heads * head_dim).index_copy_(
-            0, batch.out_cache_loc, v.reshape(num_new, -1).to(pool.dtype))
+            0, batch.out_cache_loc, v.reshape(num_new, -1).to(pool.dtype)
+        )
         k_rows, v_rows = k_cache.view(-1, head_dim), v_cache.view(-1, head_dim)
         if meta.requests is not None:
             return self._extend_loop(q, k_rows, v_rows, meta, scale, kv_heads)
@@ -200,8 +239,13 @@ class TorchAttnBackend(AttentionBackend):
             qp[meta.q_index] = q
             qp = qp.view(bsz, max_ext, num_heads, head_dim)
         out = F.scaled_dot_product_attention(
-            qp.transpose(1, 2).to(pool.dtype), keys, values, attn_mask=meta.mask, scale=scale,
-            is_causal=meta.causal, enable_gqa=kv_heads != num_heads,
+            qp.transpose(1, 2).to(pool.dtype),
+            keys,
+            values,
+            attn_mask=meta.mask,
+            scale=scale,
+            is_causal=meta.causal,
+            enable_gqa=kv_heads != num_heads,
         )  # [B, Hq, E, D]
         out = out.transpose(1, 2).reshape(bsz * max_ext, num_heads * head_dim)
         if meta.q_index is not None:
@@ -209,8 +253,14 @@ class TorchAttnBackend(AttentionBackend):
         return out.to(q.dtype)
 
     @staticmethod
-    def _extend_loop(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
-                     meta: TorchAttnMetadata, scale: float, kv_heads: int) -> torch.Tensor:
+    def _extend_loop(
+        q: torch.Tensor,
+        k_rows: torch.Tensor,
+        v_rows: torch.Tensor,
+        meta: TorchAttnMetadata,
+        scale: float,
+        kv_heads: int,
+    ) -> torch.Tensor:
         num_heads, head_dim = q.shape[1], q.shape[2]
         out = q.new_empty(q.shape[0], num_heads * head_dim)
         assert meta.requests is not None
@@ -219,7 +269,12 @@ class TorchAttnBackend(AttentionBackend):
             values = v_rows.index_select(0, r.kv_index).view(kv_heads, r.seq_len, head_dim)
             qb = q[r.start : r.start + r.extend_len].transpose(0, 1).to(keys.dtype)  # [Hq, E, D]
             o = F.scaled_dot_product_attention(
-                qb, keys, values, attn_mask=r.mask, is_causal=r.causal, scale=scale,
+                qb,
+                keys,
+                values,
+                attn_mask=r.mask,
+                is_causal=r.causal,
+                scale=scale,
                 enable_gqa=kv_heads != num_heads,
             )
             out[r.start : r.start + r.extend_len] = o.transpose(0, 1).reshape(r.extend_len, -1)
