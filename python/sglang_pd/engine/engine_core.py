@@ -94,6 +94,7 @@ class EngineCore:
         self.step_profiles: deque[StepProfile] = deque(maxlen=PROFILE_STEPS_KEPT)
         self._forward_s = 0.0
         self.pd: PrefillSide | DecodeSide | None = None
+        self._flushed_early = False
         if args.disaggregation_mode == "prefill":
             self.pd = PrefillSide(self)
         elif args.disaggregation_mode == "decode":
@@ -180,6 +181,14 @@ class EngineCore:
         now = self.clock()
         if self.pd is not None:
             self.pd.poll(now)
+            if isinstance(self.pd, DecodeSide) and self.outbox and not self._flushed_early:
+                # first tokens that just arrived with their KV (and transfer errors) go out
+                # now, not after the next decode forward: that would double their TTFT.
+                # Never twice in a row, so steady arrivals cannot starve the running batch.
+                self._flushed_early = True
+                outputs, self.outbox = self.outbox, []
+                return outputs
+            self._flushed_early = False
         step = self.scheduler.schedule(now)
         if step is None:
             self._unblock()
