@@ -140,12 +140,14 @@ def test_server_reports_silent_decode() -> None:
 # ---- managers over the fake transport ------------------------------------------------------
 
 
-def make_pair(fab: FakeFabric, dst_page_size: int = 4) -> tuple[KVSenderManager, KVReceiverManager]:
+def make_pair(
+    fab: FakeFabric, dst_page_size: int = 4, envs: DisaggEnvs = ENVS
+) -> tuple[KVSenderManager, KVReceiverManager]:
     p_buf = torch.randn(2, 2, 10, 4, 2, 8)
     d_buf = torch.zeros(2, 2, 20, dst_page_size, 2, 8)
     pt, dt = FakeKVTransport("prefill", p_buf, fab), FakeKVTransport("decode", d_buf, fab)
-    pm = KVSenderManager(pt, envs=ENVS, bootstrap_host="127.0.0.1", bootstrap_port=0)
-    return pm, KVReceiverManager(dt, envs=ENVS)
+    pm = KVSenderManager(pt, envs=envs, bootstrap_host="127.0.0.1", bootstrap_port=0)
+    return pm, KVReceiverManager(dt, envs=envs)
 
 
 def drive(pm: KVSenderManager, dm: KVReceiverManager, now: float, want: int) -> tuple[list, list]:
@@ -229,3 +231,25 @@ def test_managers_prefill_death_fails_decode_room() -> None:
         (9, Failure.PEER_DEAD, True)
     ]
     dm.close()
+
+
+def test_queued_request_is_not_mistaken_for_one_that_never_came() -> None:
+    """A decode registers; prefill's request sits in its queue past the bootstrap timeout.
+    With expect() the room survives; without it the sweep aborts it as never-arrived."""
+    fab = FakeFabric()
+    envs = DisaggEnvs(bootstrap_timeout=30, waiting_timeout=300, heartbeat_interval=1000.0,
+                      heartbeat_max_failure=2)  # decode waits long; no heartbeats in fake time
+    pm, dm = make_pair(fab, envs=envs)
+    try:
+        pm.expect(9, now=0.0)
+        dm.add_request(9, "127.0.0.1", pm.server.port, [1, 2], now=0.0)
+        until(lambda: pm.poll(0.0) or pm.rooms.get(9) and pm.rooms[9].state.bootstrapped, "register")
+        late = envs.bootstrap_timeout + 1.0
+        assert pm.poll(late) == [] and 9 in pm.rooms  # still waiting for its first chunk
+        pm.add_request(9, [3, 4], now=late)
+        pm.kv_ready(9, 2, last=True, now=late)
+        pu, du = drive(pm, dm, late, want=2)
+        assert pu == [RoomUpdate(9, "Done")] and du[0].phase == "Success"
+    finally:
+        pm.close()
+        dm.close()

@@ -41,6 +41,7 @@ class _Room:
     sent: int = 0  # pages already posted
     ready_last: bool = False
     aux: bytes = b""  # sent with the last chunk's notification
+    expected: bool = False  # the engine holds this request (queued), pages not yet allocated
     chunk: int = 0
     handles: dict[int, TransferHandle] = field(default_factory=dict)
 
@@ -93,6 +94,11 @@ class KVSenderManager:
         r.src_pages = list(src_pages)
         r.state.check_num_pages(now, len(src_pages))
 
+    def expect(self, room: int, now: float) -> None:
+        """The engine has queued this room's request: a decode registering before its first
+        chunk has run is waiting on prefill's queue, not on a request that never came."""
+        self._room(room, now).expected = True
+
     def kv_ready(self, room: int, num_pages: int, last: bool, now: float, aux: bytes = b"") -> None:
         """The first ``num_pages`` of src_pages now hold final KV (all of them when ``last``);
         ``aux`` (with ``last``) travels in the final notification."""
@@ -122,7 +128,7 @@ class KVSenderManager:
         for room, r in list(self.rooms.items()):
             if r.state.check_timeouts(now) or (r.state.phase is SenderPhase.FAILED and r.handles):
                 self._release_all(r)  # timed-out writes are cancelled before decode hears Abort
-            if r.src_pages is None and r.state.bootstrapped and not r.state.is_finished:
+            if r.src_pages is None and not r.expected and r.state.bootstrapped and not r.state.is_finished:
                 assert r.state.registered_at is not None
                 if now - r.state.registered_at > self.envs.bootstrap_timeout:
                     r.state.abort(

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from sglang_pd.engine.attention import create_attention_backend
+from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
@@ -64,6 +65,8 @@ class EngineCore:
     def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.monotonic) -> None:
         self.args = args
         self.clock = clock
+        if args.device == "cpu":
+            tune_allocator()
         torch.manual_seed(args.random_seed)
         dtype = resolve_dtype(args.dtype, args.device)
         self.model, self.config = load_model(args.model_path, dtype, args.device, args.load_format)

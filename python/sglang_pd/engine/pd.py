@@ -101,6 +101,7 @@ class PrefillSide:
         if error is None:
             req.bootstrap_room = msg.bootstrap.room
             self.rooms[req.bootstrap_room] = req
+            self.mgr.expect(req.bootstrap_room, self.core.clock())
         return error
 
     def on_chunk(self, req: Req, now: float) -> None:
