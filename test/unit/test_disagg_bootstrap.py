@@ -244,6 +244,7 @@ def test_queued_request_is_not_mistaken_for_one_that_never_came() -> None:
         pm.expect(9, now=0.0)
         dm.add_request(9, "127.0.0.1", pm.server.port, [1, 2], now=0.0)
         until(lambda: pm.poll(0.0) or pm.rooms.get(9) and pm.rooms[9].state.bootstrapped, "register")
+        until(lambda: dm.poll(0.0) or dm.rooms[9].state.acked_at is not None, "ack")
         late = envs.bootstrap_timeout + 1.0
         assert pm.poll(late) == [] and 9 in pm.rooms  # still waiting for its first chunk
         pm.add_request(9, [3, 4], now=late)
