@@ -26,3 +26,12 @@ def test_double_free_is_refused() -> None:
     a.free(p)
     with pytest.raises(RuntimeError, match="double free"):
         a.free(p[:1])
+
+
+def test_pages_come_out_ascending_and_freed_runs_are_reused_in_order() -> None:
+    a = PageAllocator(17)
+    assert a.alloc(4) == [1, 2, 3, 4]
+    run = a.alloc(5)
+    assert run == [5, 6, 7, 8, 9]
+    a.free(run)
+    assert a.alloc(3) == [5, 6, 7]  # the freed run again, still ascending

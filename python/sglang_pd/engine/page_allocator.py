@@ -14,7 +14,10 @@ class OutOfPages(RuntimeError):
 class PageAllocator:
     def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
-        # a stack: recently freed pages are reused first (warm in cache)
+        # A stack whose top is the lowest page of the most recently freed run: recently freed
+        # pages are reused first (warm in cache), and a request gets ascending, mostly
+        # contiguous pages, which NIXL merges into few descriptors (5x faster transfers
+        # than scattered pages, docs/disaggregation.md).
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
         self._used: set[int] = set()
 
@@ -36,6 +39,7 @@ class PageAllocator:
         if n <= 0:
             return []
         pages = self._free[-n:]
+        pages.reverse()
         del self._free[-n:]
         self._used.update(pages)
         return pages
@@ -45,7 +49,7 @@ class PageAllocator:
             if p not in self._used:
                 raise RuntimeError(f"double free or foreign page {p}")
             self._used.remove(p)
-        self._free.extend(pages)
+        self._free.extend(reversed(pages))
 
     def check_integrity(self) -> None:
         free = set(self._free)
