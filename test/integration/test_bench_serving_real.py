@@ -19,46 +19,8 @@ if str(REPO / "python") not in sys.path:  # when the package is not pip-installe
 
 from sglang_pd.bench.app import run_benchmark  # noqa: E402
 from sglang_pd.bench.cli import build_parser  # noqa: E402
+from bench_fields import SGLANG_FIELDS, OUR_FIELDS  # noqa: E402
 
-SGLANG_FIELDS = [
-    "backend",
-    "dataset_name",
-    "request_rate",
-    "max_concurrency",
-    "duration",
-    "completed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "input_throughput",
-    "output_throughput",
-    "total_throughput",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "std_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_itl_ms",
-    "median_itl_ms",
-    "p95_itl_ms",
-    "p99_itl_ms",
-    "mean_e2e_latency_ms",
-    "median_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-    "concurrency",
-]
-OUR_FIELDS = [
-    "slo_ttft_ms",
-    "slo_tpot_ms",
-    "ttft_attainment",
-    "tpot_attainment",
-    "slo_attainment",
-    "goodput_rps",
-    "errors",
-    "by_class",
-]
 N, IN_LEN, OUT_LEN = 8, 32, 8
 
 

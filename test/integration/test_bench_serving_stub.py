@@ -30,40 +30,10 @@ if str(REPO / "python") not in sys.path:  # when the package is not pip-installe
 from sglang_pd.bench.app import run_benchmark  # noqa: E402
 from sglang_pd.bench.cli import build_parser  # noqa: E402
 from sglang_pd.bench.stub_harness import running_stub  # noqa: E402
+from bench_fields import SGLANG_FIELDS  # noqa: E402
 
 TOL_MS = 15.0
 FIRST_MS, ITL_MS = 50.0, 20.0
-
-SGLANG_FIELDS = [
-    "backend",
-    "dataset_name",
-    "request_rate",
-    "max_concurrency",
-    "duration",
-    "completed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "input_throughput",
-    "output_throughput",
-    "total_throughput",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "std_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_itl_ms",
-    "median_itl_ms",
-    "p95_itl_ms",
-    "p99_itl_ms",
-    "mean_e2e_latency_ms",
-    "median_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-    "concurrency",
-]
-
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)

@@ -28,6 +28,7 @@ from sglang_pd.bench.report import format_summary, jsonl_record  # noqa: E402
 from sglang_pd.bench.stub_harness import write_toy_tokenizer  # noqa: E402
 from sglang_pd.bench.traces import KNOWN_TRACES, load_trace, resolve_trace  # noqa: E402
 from sglang_pd.bench.workload import History, build_sessions, extend_history, make_spec  # noqa: E402
+from bench_fields import SGLANG_FIELDS, OUR_FIELDS  # noqa: E402
 
 
 # ---- traces ---------------------------------------------------------------------------------
@@ -195,47 +196,6 @@ def test_multi_turn_history_grows(tokenizer):
 
 
 # ---- report ---------------------------------------------------------------------------------
-SGLANG_FIELDS = [
-    "backend",
-    "dataset_name",
-    "request_rate",
-    "max_concurrency",
-    "duration",
-    "completed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "input_throughput",
-    "output_throughput",
-    "total_throughput",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "std_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_itl_ms",
-    "median_itl_ms",
-    "p95_itl_ms",
-    "p99_itl_ms",
-    "mean_e2e_latency_ms",
-    "median_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-    "concurrency",
-]
-OUR_FIELDS = [
-    "slo_ttft_ms",
-    "slo_tpot_ms",
-    "ttft_attainment",
-    "tpot_attainment",
-    "slo_attainment",
-    "goodput_rps",
-    "errors",
-    "by_class",
-]
-
-
 def test_jsonl_and_summary_layout():
     rs = [
         RequestResult(
