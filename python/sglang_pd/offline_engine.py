@@ -64,7 +64,9 @@ class Engine:
         return results[0] if single else results
 
     def shutdown(self) -> None:
-        self.core = None
+        if self.core is not None:
+            self.core.close()  # PD mode: NIXL agent and bootstrap sockets
+            self.core = None
 
     def __enter__(self) -> "Engine":
         return self

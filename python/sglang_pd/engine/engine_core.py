@@ -28,7 +28,7 @@ from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import (
-    ControlReq, ControlResp, EngineReady, EngineStats, GenerateReq, ReqOutput, TokenLogprob,
+    EngineReady, EngineStats, GenerateReq, ReqOutput, TokenLogprob,
 )
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.server_args import ServerArgs
@@ -343,32 +343,6 @@ class EngineCore:
             max_running_requests=self.args.max_running_requests, page_size=self.args.page_size,
             num_pages=self.kv_pool.num_pages, disaggregation_mode=self.args.disaggregation_mode,
         )
-
-    def control(self, msg: ControlReq) -> ControlResp:
-        if msg.method == "get_load":
-            s = self.stats()
-            return ControlResp(msg.call_id, True, {
-                "num_reqs": s.num_running_reqs + s.num_queue_reqs, "num_running_reqs": s.num_running_reqs,
-                "num_waiting_reqs": s.num_queue_reqs, "num_tokens": s.num_used_tokens,
-                "num_free_pages": self.allocator.num_free, "num_total_pages": self.allocator.num_usable,
-                "token_usage": s.token_usage})
-        if msg.method == "flush_cache":
-            # no prefix cache yet: flushing succeeds when idle, as in SGLang
-            ok = not self.has_work
-            return ControlResp(msg.call_id, ok, {}, "" if ok else "cannot flush while requests run")
-        if msg.method == "check_integrity":
-            try:
-                self.check_integrity()
-            except RuntimeError as exc:
-                return ControlResp(msg.call_id, False, {}, str(exc))
-            return ControlResp(msg.call_id, True, {"num_free_pages": self.allocator.num_free})
-        if msg.method == "server_info":
-            s = self.stats()
-            return ControlResp(msg.call_id, True, {
-                "max_total_num_tokens": self.max_total_num_tokens, "num_free_pages": self.allocator.num_free,
-                "num_total_pages": self.allocator.num_usable, "num_retractions": self.scheduler.num_retractions,
-                "gen_throughput": s.gen_throughput})
-        return ControlResp(msg.call_id, False, {}, f"unknown control method {msg.method!r}")
 
 
 def _error_output(rid: str, prompt_tokens: int, message: str, status: int) -> ReqOutput:

@@ -2,8 +2,8 @@
 
 The loop never blocks while there is work: it drains the inbox without waiting, runs one step,
 and sends that step's outputs. When idle it waits on the socket (bounded) and checks the KV
-pool's conservation invariant. It exits on a shutdown ControlReq, on SIGTERM, or when the
-frontend (its parent) is gone.
+pool's conservation invariant. It exits on a shutdown ControlReq or when the frontend (its
+parent) is gone; SIGTERM/SIGINT are the frontend's to handle (it drains, then tells us).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 
 import zmq
 
+from sglang_pd.engine.control import handle_control
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.protocol import (
     AbortReq, BatchOut, ControlReq, ControlResp, EngineReady, GenerateReq, decode_to_engine, encode,
@@ -87,7 +88,7 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
                     core.abort("", "server shutting down")
                     replies.append(ControlResp(msg.call_id, True))
                 else:
-                    replies.append(core.control(msg))
+                    replies.append(handle_control(core, msg))
         outputs = core.step() if core.has_work or core.has_pending or core.outbox else []
         now = time.monotonic()
         stats = None

@@ -1,0 +1,37 @@
+"""Request/response calls from the frontend into the engine (/get_load, /flush_cache ...)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sglang_pd.protocol import ControlReq, ControlResp
+
+if TYPE_CHECKING:
+    from sglang_pd.engine.engine_core import EngineCore
+
+
+def handle_control(core: EngineCore, msg: ControlReq) -> ControlResp:
+    if msg.method == "get_load":
+        s = core.stats()
+        return ControlResp(msg.call_id, True, {
+            "num_reqs": s.num_running_reqs + s.num_queue_reqs, "num_running_reqs": s.num_running_reqs,
+            "num_waiting_reqs": s.num_queue_reqs, "num_tokens": s.num_used_tokens,
+            "num_free_pages": core.allocator.num_free, "num_total_pages": core.allocator.num_usable,
+            "token_usage": s.token_usage})
+    if msg.method == "flush_cache":
+        # no prefix cache yet: flushing succeeds when idle, as in SGLang
+        ok = not core.has_work
+        return ControlResp(msg.call_id, ok, {}, "" if ok else "cannot flush while requests run")
+    if msg.method == "check_integrity":
+        try:
+            core.check_integrity()
+        except RuntimeError as exc:
+            return ControlResp(msg.call_id, False, {}, str(exc))
+        return ControlResp(msg.call_id, True, {"num_free_pages": core.allocator.num_free})
+    if msg.method == "server_info":
+        s = core.stats()
+        return ControlResp(msg.call_id, True, {
+            "max_total_num_tokens": core.max_total_num_tokens, "num_free_pages": core.allocator.num_free,
+            "num_total_pages": core.allocator.num_usable, "num_retractions": core.scheduler.num_retractions,
+            "gen_throughput": s.gen_throughput})
+    return ControlResp(msg.call_id, False, {}, f"unknown control method {msg.method!r}")
