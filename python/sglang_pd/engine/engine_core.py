@@ -142,23 +142,16 @@ class EngineCore:
             return "stop strings need a tokenizer; this server runs with --skip-tokenizer-init"
         return msg.sampling_params.validate(self.vocab_size)
 
+    def _all_reqs(self) -> list[Req]:
+        """Queued, running, and held by PD outside the queues (pre-allocating, transferring)."""
+        parked = self.pd.parked_reqs() if self.pd is not None else []
+        return self.scheduler.waiting + self.scheduler.running + parked
+
     def _find(self, rid: str) -> Req | None:
-        req = self.scheduler.find(rid)
-        if req is None and isinstance(self.pd, DecodeSide):
-            req = self.pd.find(rid)
-        if req is None and isinstance(self.pd, PrefillSide):
-            req = next((r for r in self.pd.transferring.values() if r.rid == rid), None)
-        return req
+        return next((r for r in self._all_reqs() if r.rid == rid), None)
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
-        if rid:
-            targets = [r for r in [self._find(rid)] if r is not None]
-        else:
-            targets = self.scheduler.waiting + self.scheduler.running
-            if isinstance(self.pd, DecodeSide):
-                targets += list(self.pd.prealloc) + list(self.pd.transferring.values())
-            elif isinstance(self.pd, PrefillSide):
-                targets += list(self.pd.transferring.values())
+        targets = self._all_reqs() if rid == "" else [r for r in [self._find(rid)] if r is not None]
         now = self.clock()
         for req in targets:
             if self.pd is not None and req.bootstrap_room >= 0:

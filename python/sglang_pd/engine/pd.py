@@ -94,6 +94,9 @@ class PrefillSide:
     def held_pages(self) -> int:
         return sum(len(r.pages) for r in self.transferring.values())
 
+    def parked_reqs(self) -> list[Req]:
+        return list(self.transferring.values())
+
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
         error = _room_of(msg)
         if error is None and msg.bootstrap.room in self.rooms:
@@ -192,11 +195,8 @@ class DecodeSide:
             self.prealloc.append(req)
         return error
 
-    def find(self, rid: str) -> Req | None:
-        for req in list(self.prealloc) + list(self.transferring.values()):
-            if req.rid == rid:
-                return req
-        return None
+    def parked_reqs(self) -> list[Req]:
+        return list(self.prealloc) + list(self.transferring.values())
 
     def forget(self, req: Req) -> None:
         pass  # decode keeps no per-room state past the transfer
