@@ -7,13 +7,14 @@ runner and sampler), stepping it until the submitted requests finish.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from typing import Any
 
 import msgspec
 
 from sglang_pd.engine.engine_core import EngineCore
+from sglang_pd.frontend.detokenizer import IncrementalDetokenizer, OutputText
+from sglang_pd.frontend.tokenizer import TokenizerBundle, load_tokenizer
 from sglang_pd.protocol import GenerateReq, ReqOutput, SamplingParams
 from sglang_pd.server_args import ServerArgs
 
@@ -39,12 +40,9 @@ class Engine:
             server_args["model_path"] = model_path
         self.server_args = ServerArgs(**server_args)
         self.core: EngineCore | None = EngineCore(self.server_args)
-        self.tokenizer = None
-        tok_path = os.path.join(self.server_args.tokenizer_dir, "tokenizer.json")
+        self.tokenizer: TokenizerBundle | None = None
         if not self.server_args.skip_tokenizer_init:
-            from tokenizers import Tokenizer
-
-            self.tokenizer = Tokenizer.from_file(tok_path)
+            self.tokenizer = load_tokenizer(self.server_args.tokenizer_dir)
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ API
@@ -85,7 +83,7 @@ class Engine:
             raise ValueError("text prompts need a tokenizer; this engine runs with skip_tokenizer_init")
         single = isinstance(prompt, str)
         texts = [prompt] if single else list(prompt)
-        return [enc.ids for enc in self.tokenizer.encode_batch(texts)], single
+        return [self.tokenizer.encode(t) for t in texts], single
 
     def _run(self, reqs: list[GenerateReq]) -> list[dict[str, Any]]:
         core = self.core
@@ -114,11 +112,12 @@ class Engine:
             raise ValueError(str((out.finish_reason or {}).get("message", "request failed")))
         ids: list[int] = st["ids"]
         text = ""
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(ids, skip_special_tokens=req.sampling_params.skip_special_tokens)
-            matched = (out.finish_reason or {}).get("matched")
-            if isinstance(matched, str) and not req.sampling_params.no_stop_trim and matched in text:
-                text = text[: text.index(matched)]
+        if self.tokenizer is not None:  # the same final text as the HTTP server's
+            sp = req.sampling_params
+            visible = OutputText(IncrementalDetokenizer(self.tokenizer, sp.skip_special_tokens),
+                                 list(sp.stop), sp.no_stop_trim)
+            visible.finish(ids, (out.finish_reason or {}).get("matched"))
+            text = visible.visible
         meta: dict[str, Any] = {"id": req.rid, "finish_reason": out.finish_reason,
                                 "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
                                 "cached_tokens": out.cached_tokens, "e2e_latency": st["latency"]}

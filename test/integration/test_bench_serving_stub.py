@@ -30,7 +30,7 @@ if str(REPO / "python") not in sys.path:  # when the package is not pip-installe
 from sglang_pd.bench.app import run_benchmark  # noqa: E402
 from sglang_pd.bench.cli import build_parser  # noqa: E402
 from sglang_pd.bench.stub_harness import running_stub  # noqa: E402
-from bench_fields import SGLANG_FIELDS  # noqa: E402
+from bench_fields import OUR_FIELDS, SGLANG_FIELDS  # noqa: E402
 
 TOL_MS = 15.0
 FIRST_MS, ITL_MS = 50.0, 20.0
@@ -128,16 +128,7 @@ def test_latencies_attainment_goodput_errors(stub, tol_ms, tmp_path, backend):
         str(out),
     )
     line = json.loads(out.read_text().strip())
-    for k in SGLANG_FIELDS + [
-        "slo_ttft_ms",
-        "slo_tpot_ms",
-        "ttft_attainment",
-        "tpot_attainment",
-        "slo_attainment",
-        "goodput_rps",
-        "errors",
-        "by_class",
-    ]:
+    for k in SGLANG_FIELDS + OUR_FIELDS:
         assert k in line, k
     assert line["backend"] == backend and line["completed"] == 8
     assert line["errors"] == {"http_400": 2}  # requests 4 and 8 of 10

@@ -35,7 +35,6 @@ from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 THROUGHPUT_WINDOW_S = 5.0
 PROFILE_STEPS_KEPT = 4096
 
@@ -54,11 +53,10 @@ class StepProfile:
         return self.total_s - self.forward_s
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        # CPU matmuls in half precision are slow and lossy here; GPUs take bf16
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    return _DTYPES[name]
+def cpu_aware_dtype(name: str, device: str) -> str:
+    """"auto" means float32 on CPU (half-precision matmuls are slow and lossy there); elsewhere
+    the loader resolves "auto" to the checkpoint's dtype, as SGLang does."""
+    return "float32" if name == "auto" and device == "cpu" else name
 
 
 class EngineCore:
@@ -68,9 +66,10 @@ class EngineCore:
         if args.device == "cpu":
             tune_allocator()
         torch.manual_seed(args.random_seed)
-        dtype = resolve_dtype(args.dtype, args.device)
-        self.model, self.config = load_model(args.model_path, dtype, args.device, args.load_format)
+        self.model, self.config = load_model(args.model_path, cpu_aware_dtype(args.dtype, args.device),
+                                             args.device, args.load_format)
         cfg = self.config
+        dtype = next(self.model.parameters()).dtype
         self.context_length = args.context_length or cfg.max_position_embeddings
         self.vocab_size = cfg.vocab_size
         num_pages = pool_pages(
