@@ -95,6 +95,9 @@ class Engine:
             core.add_request(r)
         pending = set(state)
         while pending:
+            wait = core.wait_s()
+            if wait:  # a policy holds (batching window) or transfers must free pages: no spinning
+                time.sleep(wait)
             for out in core.step():
                 st = state[out.rid]
                 st["ids"].extend(out.new_token_ids)

@@ -131,6 +131,16 @@ class EngineStats(msgspec.Struct):
     gen_throughput: float  # generated tokens/s over the last stats window
     num_used_tokens: int
     max_total_num_tokens: int
+    # load signals for routers and autoscalers (docs/api.md lists every name). Per-class values
+    # (short/long prefill queues) use the suffix scheme <name>_short / <name>_long.
+    num_queue_prefill_tokens: int = 0  # prompt tokens still to prefill, all waiting requests
+    num_running_decode_tokens: int = 0  # KV tokens of the running (decoding) requests
+    num_free_pages: int = 0
+    num_total_pages: int = 0
+    num_retractions_total: int = 0
+    num_preempted_prefills_total: int = 0
+    engine_stall_s: float = 0.0  # seconds queued work has made no progress (the watchdog's input)
+    role: str = "colocated"  # colocated | prefill | decode (not a gauge: a label-like string)
     # PD disaggregation (0 in colocated mode); names as SGLang's metrics
     num_prefill_inflight_queue_reqs: int = 0
     num_decode_prealloc_queue_reqs: int = 0

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import tempfile
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_pd.engine.attention import ATTENTION_BACKENDS
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
+from sglang_pd.scheduling.step import BucketGrid
+
 DISAGG_MODES = ("colocated", "prefill", "decode")
+POLICY_PLUGINS_ENV = "SGLANG_PD_POLICY_PLUGINS"
+
+
+def load_policy_plugins() -> None:
+    """Import the modules named (comma-separated) in $SGLANG_PD_POLICY_PLUGINS; each registers
+    its policies with scheduling.registry. Runs at import, in the frontend and in the spawned
+    engine process alike, so a plugin's names are valid CLI choices and resolvable everywhere."""
+    for module in filter(None, (m.strip() for m in os.environ.get(POLICY_PLUGINS_ENV, "").split(","))):
+        importlib.import_module(module)
+
+
+load_policy_plugins()
 # SGLang calls colocated mode "null"; accept it as an alias.
 _MODE_ALIASES = {"null": "colocated", "none": "colocated"}
 
@@ -40,8 +58,17 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     max_prefill_tokens: int = 16384
     max_running_requests: int = 256
-    schedule_policy: str = "fcfs"
+    schedule_policy: str = "fcfs"  # the prefill policy (--prefill-policy is an alias)
+    decode_policy: str = "continuous"
     attention_backend: str = "torch"
+    enable_mixed_chunk: bool = False  # prefill chunks and decodes in one forward
+    short_prefill_buckets: str = str(BucketGrid())  # "T1,T2,...xB1,B2,..." padded step shapes
+    # SLO defaults for requests that carry none (bench_serving's flag names)
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    cost_model_profile: str | None = None  # measured step times (docs/profile.md)
+    # /health turns 503 when the engine made no progress with work pending this long (seconds)
+    watchdog_timeout: float = 300.0
     random_seed: int = 0
     tp_size: int = 1
     # disaggregation
@@ -70,6 +97,21 @@ class ServerArgs:
             problems.append(f"--load-format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             problems.append(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:  # NaN fails too
+                problems.append(f"--{name.replace('_', '-')} must be a positive number of ms, got {value}")
+        if not self.watchdog_timeout > 0:
+            problems.append(f"--watchdog-timeout must be > 0 seconds, got {self.watchdog_timeout}")
+        try:
+            BucketGrid.parse(self.short_prefill_buckets)
+        except ValueError as exc:
+            problems.append(str(exc))
+        for flag, value, names in (("--schedule-policy", self.schedule_policy, PREFILL_POLICIES),
+                                   ("--decode-policy", self.decode_policy, DECODE_POLICIES),
+                                   ("--attention-backend", self.attention_backend, ATTENTION_BACKENDS)):
+            if value not in names:
+                problems.append(f"{flag} must be one of {sorted(names)}, got {value!r}")
         if problems:
             raise ValueError("; ".join(problems))
         if not self.ipc_dir:
@@ -79,6 +121,20 @@ class ServerArgs:
     def ensure_ipc_dir(self) -> str:
         os.makedirs(self.ipc_dir, exist_ok=True)
         return self.ipc_dir
+
+    @property
+    def bucket_grid(self) -> BucketGrid:
+        return BucketGrid.parse(self.short_prefill_buckets)
+
+    def policy_config(self) -> PolicyConfig:
+        """The one scheduling configuration (DESIGN.md section 3), built from these flags."""
+        return PolicyConfig(
+            slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
+            max_prefill_tokens=self.max_prefill_tokens, chunked_prefill_size=self.chunked_prefill_size,
+            max_running_requests=self.max_running_requests, page_size=self.page_size,
+            buckets=self.bucket_grid, enable_mixed_chunk=self.enable_mixed_chunk,
+            role=self.disaggregation_mode, cost_model_profile=self.cost_model_profile,
+        )
 
     @property
     def tokenizer_dir(self) -> str:
@@ -122,8 +178,19 @@ class ServerArgs:
         p("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
         p("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
         p("--max-running-requests", type=int, default=d.max_running_requests)
-        p("--schedule-policy", default=d.schedule_policy, choices=["fcfs"])
-        p("--attention-backend", default=d.attention_backend, choices=["torch"])
+        p("--schedule-policy", "--prefill-policy", dest="schedule_policy", default=d.schedule_policy,
+          choices=sorted(PREFILL_POLICIES), help="prefill scheduling policy")
+        p("--decode-policy", default=d.decode_policy, choices=sorted(DECODE_POLICIES))
+        p("--attention-backend", default=d.attention_backend, choices=sorted(ATTENTION_BACKENDS))
+        p("--enable-mixed-chunk", action="store_true",
+          help="run prefill chunks and decodes of running requests in one forward")
+        p("--short-prefill-buckets", default=d.short_prefill_buckets,
+          help="padded (tokens x batch) shapes of short-prefill steps, e.g. 64,128,256x1,2,4,8")
+        p("--slo-ttft-ms", type=float, default=None, help="default TTFT SLO of requests without one")
+        p("--slo-tpot-ms", type=float, default=None, help="default TPOT SLO of requests without one")
+        p("--cost-model-profile", default=None, help="measured step times JSON (docs/profile.md)")
+        p("--watchdog-timeout", type=float, default=d.watchdog_timeout,
+          help="seconds without engine progress, with work pending, before /health fails")
         p("--random-seed", type=int, default=d.random_seed)
         p("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
         p("--disaggregation-mode", "--mode", dest="disaggregation_mode", default=d.disaggregation_mode,

@@ -11,6 +11,7 @@ import torch
 
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.protocol import GenerateReq, SamplingParams
+from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.server_args import ServerArgs
 
 transformers = pytest.importorskip("transformers")
@@ -41,9 +42,10 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
     return outs
 
 
-def _ours(model_dir: str, prompts: list[list[int]], join_after: int) -> list[list[int]]:
+def _ours(model_dir: str, prompts: list[list[int]], join_after: int,
+          mixed: bool = False) -> list[list[int]]:
     core = EngineCore(ServerArgs(model_path=model_dir, page_size=4, chunked_prefill_size=CHUNK,
-                                 max_total_tokens=16384, dtype="float32"))
+                                 max_total_tokens=16384, dtype="float32", enable_mixed_chunk=mixed))
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     done: set[str] = set()
@@ -69,6 +71,8 @@ def _ours(model_dir: str, prompts: list[list[int]], join_after: int) -> list[lis
         drain()
     core.scheduler.check_integrity()
     assert core.allocator.num_free == core.allocator.num_usable
+    modes = {p.mode for p in core.step_profiles}
+    assert (ForwardMode.MIXED in modes) == mixed, modes  # joiners' chunks rode with decodes
     return [got[str(i)] for i in range(len(prompts))]
 
 
@@ -78,7 +82,8 @@ def test_greedy_matches_hf_generate(arch: str, tiny_model_factory) -> None:
     vocab = transformers.AutoConfig.from_pretrained(model_dir).vocab_size
     prompts = _prompts(vocab)
     assert any(len(p) > CHUNK for p in prompts) and len(prompts) >= 16
-    ours = _ours(model_dir, prompts, join_after=8)
     ref = _hf_greedy(model_dir, prompts)
-    for i, (a, b) in enumerate(zip(ours, ref)):
-        assert a == b, f"{arch} prompt {i} (len {len(prompts[i])}): ours {a} != HF {b}"
+    for mixed in (False, True):  # --enable-mixed-chunk: prefill chunks and decodes in one forward
+        ours = _ours(model_dir, prompts, join_after=8, mixed=mixed)
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            assert a == b, f"{arch} mixed={mixed} prompt {i} (len {len(prompts[i])}): ours {a} != HF {b}"

@@ -10,13 +10,16 @@ from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import SamplingParams
+from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
 
 
-def _sched(num_pages: int, page_size: int = 4, chunk: int = 16, max_running: int = 64) -> Scheduler:
-    return Scheduler(PageAllocator(num_pages), page_size, FcfsPrefillPolicy(), ContinuousDecodePolicy(),
-                     max_running, chunk, chunk)
+def _sched(num_pages: int, page_size: int = 4, chunk: int = 16, max_running: int = 64,
+           **cfg_fields: object) -> Scheduler:
+    cfg = PolicyConfig(page_size=page_size, chunked_prefill_size=chunk, max_prefill_tokens=chunk,
+                       max_running_requests=max_running, **cfg_fields)  # type: ignore[arg-type]
+    return Scheduler(PageAllocator(num_pages), cfg, FcfsPrefillPolicy(cfg), ContinuousDecodePolicy(cfg))
 
 
 def _req(rid: str, prompt_len: int, max_new: int, arrival: float) -> Req:

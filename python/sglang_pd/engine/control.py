@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sglang_pd.protocol import ControlReq, ControlResp
+import msgspec
+
+from sglang_pd.protocol import ControlReq, ControlResp, EngineStats
 
 if TYPE_CHECKING:
     from sglang_pd.engine.engine_core import EngineCore
 
 
+def load_signals(s: EngineStats) -> dict[str, str | int | float | bool | None]:
+    """/get_load: every EngineStats field under its own name (the /metrics gauge is
+    sglang:<name>), plus SGLang's num_reqs / num_waiting_reqs / num_tokens spellings."""
+    out: dict[str, str | int | float | bool | None] = dict(msgspec.structs.asdict(s))
+    out.update(num_reqs=s.num_running_reqs + s.num_queue_reqs, num_waiting_reqs=s.num_queue_reqs,
+               num_tokens=s.num_used_tokens)
+    return out
+
+
 def handle_control(core: EngineCore, msg: ControlReq) -> ControlResp:
     if msg.method == "get_load":
         s = core.stats()
-        return ControlResp(msg.call_id, True, {
-            "num_reqs": s.num_running_reqs + s.num_queue_reqs, "num_running_reqs": s.num_running_reqs,
-            "num_waiting_reqs": s.num_queue_reqs, "num_tokens": s.num_used_tokens,
-            "num_free_pages": core.allocator.num_free, "num_total_pages": core.allocator.num_usable,
-            "token_usage": s.token_usage})
+        return ControlResp(msg.call_id, True, load_signals(s))
     if msg.method == "flush_cache":
         # no prefix cache yet: flushing succeeds when idle, as in SGLang
         ok = not core.has_work

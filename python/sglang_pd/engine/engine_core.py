@@ -16,12 +16,12 @@ import torch
 
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cpu_tuning import tune_allocator
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.page_allocator import PageAllocator
-from sglang_pd.engine.pd import DecodeSide, PrefillSide
+from sglang_pd.engine.pd import PDHooks, create_pd_hooks
 from sglang_pd.engine.request import Req, ReqState
 from sglang_pd.engine.sampler import SampleOutput, sample
 from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
@@ -31,26 +31,14 @@ from sglang_pd.protocol import (
     EngineReady, EngineStats, GenerateReq, ReqOutput, TokenLogprob,
 )
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
+from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 5.0
 PROFILE_STEPS_KEPT = 4096
-
-
-@dataclass
-class StepProfile:
-    """Wall times of one engine step, for the step-overhead benchmark (seconds)."""
-
-    mode: ForwardMode
-    batch_size: int
-    total_s: float  # schedule + batch building + forward + sampling + output hand-off
-    forward_s: float  # the model forward alone
-
-    @property
-    def overhead_s(self) -> float:
-        return self.total_s - self.forward_s
+PENDING_POLL_S = 0.001  # how often to poll KV transfers when nothing can compute meanwhile
 
 
 def cpu_aware_dtype(name: str, device: str) -> str:
@@ -82,10 +70,12 @@ class EngineCore:
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
         self.runner = ModelRunner(self.model, self.kv_pool, create_attention_backend(args.attention_backend))
+        self.page_size = args.page_size
+        self.policy_config = cfg_p = args.policy_config()
         self.scheduler = Scheduler(
-            self.allocator, args.page_size, create_prefill_policy(args.schedule_policy),
-            create_decode_policy("continuous"), args.max_running_requests, args.chunked_prefill_size,
-            args.max_prefill_tokens, whole_prompt_pages=args.disaggregation_mode == "prefill",
+            self.allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
+            create_decode_policy(args.decode_policy, cfg_p),
+            whole_prompt_pages=args.disaggregation_mode == "prefill",
         )
         self.eos_ids = list(cfg.eos_token_ids)
         self.stop_checker = StopChecker(
@@ -95,12 +85,12 @@ class EngineCore:
         self._generated: deque[tuple[float, int]] = deque()
         self.step_profiles: deque[StepProfile] = deque(maxlen=PROFILE_STEPS_KEPT)
         self._forward_s = 0.0
-        self.pd: PrefillSide | DecodeSide | None = None
         self._flushed_early = False
-        if args.disaggregation_mode == "prefill":
-            self.pd = PrefillSide(self)
-        elif args.disaggregation_mode == "decode":
-            self.pd = DecodeSide(self)
+        self._idle_step = False  # the last step ran nothing although work was queued
+        self.stalled_since: float | None = None  # work queued, no progress since then (watchdog)
+        self.pd: PDHooks = create_pd_hooks(
+            self, args.disaggregation_mode, self.kv_pool.kv_buffer, args.host,
+            args.disaggregation_bootstrap_port, args.num_reserved_decode_tokens, args.max_running_requests)
         logger.info("engine ready: %s, %d KV pages x %d tokens, dtype %s", cfg.architecture,
                     num_pages - 1, args.page_size, dtype)
 
@@ -110,19 +100,26 @@ class EngineCore:
         if error:
             self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
             return
-        req = Req.from_msg(msg, self.clock())
-        if req.params.max_new_tokens == 0 and self.pd is None:
+        cfg = self.policy_config
+        req = Req.from_msg(msg, self.clock(), time.time(), (cfg.slo_ttft_s, cfg.slo_tpot_s))
+        if req.params.max_new_tokens == 0:
+            # nothing to compute, in every mode: PD decode and prefill both see the same body
+            # and answer at once, so neither bootstraps a transfer the other will not join
             req.finish_reason = {"type": "length", "length": 0}
             self.outbox.append(self._output(req))
             return
-        if self.pd is not None:
-            error = self.pd.admit(req, msg)
-            if error:
-                self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
-                return
-            if isinstance(self.pd, DecodeSide):
-                return  # it waits in the pre-allocation queue for its pages and KV
-        self.scheduler.add(req)
+        error = self.pd.admit(req, msg)  # queues it, or parks it (PD decode pre-allocation)
+        if error:
+            self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
+
+    def fail_request(self, rid: str, prompt_tokens: int) -> None:
+        """Admission raised: drop whatever of the request got in and answer it with a 500."""
+        req = self._find(rid)
+        if req is not None:
+            self.pd.abort(req, self.clock())
+            self.finish(req, {"type": "abort", "message": "internal error in the engine"}, 500)
+        else:
+            self.outbox.append(_error_output(rid, prompt_tokens, "internal error in the engine", 500))
 
     def _validate(self, msg: GenerateReq) -> str | None:
         n = len(msg.input_ids)
@@ -141,20 +138,14 @@ class EngineCore:
             return "stop strings need a tokenizer; this server runs with --skip-tokenizer-init"
         return msg.sampling_params.validate(self.vocab_size)
 
-    def _all_reqs(self) -> list[Req]:
-        """Queued, running, and held by PD outside the queues (pre-allocating, transferring)."""
-        parked = self.pd.parked_reqs() if self.pd is not None else []
-        return self.scheduler.waiting + self.scheduler.running + parked
-
     def _find(self, rid: str) -> Req | None:
-        return next((r for r in self._all_reqs() if r.rid == rid), None)
+        return self.scheduler.find(rid)  # type: ignore[return-value]
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
-        targets = self._all_reqs() if rid == "" else [r for r in [self._find(rid)] if r is not None]
+        targets = self.scheduler.all_reqs() if rid == "" else [r for r in [self._find(rid)] if r is not None]
         now = self.clock()
         for req in targets:
-            if self.pd is not None and req.bootstrap_room >= 0:
-                self.pd.abort(req, now)
+            self.pd.abort(req, now)
             self.finish(req, {"type": "abort", "message": message})
 
     @property
@@ -165,42 +156,68 @@ class EngineCore:
     @property
     def has_pending(self) -> bool:
         """Waiting on KV transfers: the loop should poll often but may sleep briefly."""
-        return self.pd is not None and self.pd.has_pending
+        return self.pd.has_pending
+
+    def wait_s(self) -> float | None:
+        """How long the process loop may wait for messages before the next step: 0 = step now,
+        None = idle (nothing to do until a message arrives). A holding policy sleeps until its
+        deadline; a step blocked on pages that transfers will free polls them every 1 ms."""
+        if self.outbox:
+            return 0.0
+        if self.scheduler.has_work:
+            now = self.clock()
+            if self._idle_step and self.scheduler.holding(now):
+                return max(self.scheduler.hold_deadline - now, 0.0)  # type: ignore[operator]
+            return PENDING_POLL_S if self._idle_step else 0.0
+        return PENDING_POLL_S if self.pd.has_pending else None
 
     def check_integrity(self) -> None:
-        self.scheduler.check_integrity(self.pd.held_pages() if self.pd is not None else 0)
+        self.scheduler.check_integrity()
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[ReqOutput]:
         t0 = time.perf_counter()
         now = self.clock()
-        if self.pd is not None:
+        try:
             self.pd.poll(now)
-            if isinstance(self.pd, DecodeSide) and self.outbox and not self._flushed_early:
-                # first tokens that just arrived with their KV (and transfer errors) go out
-                # now, not after the next decode forward: that would double their TTFT.
-                # Never twice in a row, so steady arrivals cannot starve the running batch.
-                self._flushed_early = True
-                outputs, self.outbox = self.outbox, []
-                return outputs
-            self._flushed_early = False
+        except Exception:  # a transfer-layer bug must not take the engine down with every request
+            logger.exception("PD poll failed; continuing")
+        if self.pd.flush_first_tokens_early and self.outbox and not self._flushed_early:
+            # first tokens that just arrived with their KV (and transfer errors) go out now,
+            # not after the next decode forward: that would double their TTFT. Never twice in
+            # a row, so steady arrivals cannot starve the running batch.
+            self._flushed_early = True
+            outputs, self.outbox = self.outbox, []
+            return outputs
+        self._flushed_early = False
         step = self.scheduler.schedule(now)
+        profile: StepProfile | None = None
         if step is None:
-            self._unblock()
+            self._unblock(now)
         else:
+            profile = step.profile()
             try:
                 self._run(step)
-            except Exception as exc:  # a failed forward must not leak pages or hang clients
+            except Exception:  # a failed forward must not leak pages or hang clients
                 logger.exception("forward failed; aborting the %d requests in the batch", len(step.plan))
                 for req in step.reqs:
-                    if self.pd is not None and req.bootstrap_room >= 0:
-                        self.pd.abort(req, now)
-                    self.finish(req, {"type": "abort", "message": f"internal error: {exc}"}, status=500)
+                    self.pd.abort(req, now)
+                    self.finish(req, {"type": "abort", "message": "internal error in the engine"}, status=500)
+        self._idle_step = step is None and self.scheduler.has_work
+        self._track_progress(now, made_progress=step is not None or bool(self.outbox))
         outputs, self.outbox = self.outbox, []
-        if step is not None:
-            self.step_profiles.append(StepProfile(step.mode, len(step.plan), time.perf_counter() - t0,
-                                                  self._forward_s))
+        if profile is not None:
+            profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_s
+            self.step_profiles.append(profile)
+            self.scheduler.observe(profile, profile.total_s, self.clock())
         return outputs
+
+    def _track_progress(self, now: float, made_progress: bool) -> None:
+        """Watchdog input: since when has queued work made no progress (a hold is not a stall)."""
+        if made_progress or not self.scheduler.has_work or self.scheduler.holding(now):
+            self.stalled_since = None
+        elif self.stalled_since is None:
+            self.stalled_since = now
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         t = time.perf_counter()
@@ -210,31 +227,54 @@ class EngineCore:
 
     def _run(self, step: ScheduledStep) -> None:
         runner = self.runner
-        if step.mode is ForwardMode.EXTEND:
-            logits = self._forward(runner.build_extend(step.plan))
-            done = self.scheduler.after_extend(step.plan)
-            done_set = set(done)
-            rows = [i for i, (r, _) in enumerate(step.plan) if r in done_set]
-            if isinstance(self.pd, PrefillSide):
-                for r, _ in step.plan:
-                    if r not in done_set:
-                        self.pd.on_chunk(r, self.clock())
-            if rows:
-                self._append(done, logits[rows], first=True)
-        else:
+        if step.mode is ForwardMode.DECODE:
             reqs = step.reqs
             logits = self._forward(runner.build_decode(reqs))
             self.scheduler.after_decode(reqs)
-            self._append(reqs, logits, first=False)
+            self._sample_and_accept(reqs, logits, num_first=0)
+            return
+        # EXTEND, or MIXED: decodes ride along as one-token extends at the end of the plan
+        logits = self._forward(runner.build_extend(step.plan))
+        prefill, decodes = step.prefill_plan, step.decode_reqs
+        done = self.scheduler.after_extend(prefill)
+        self.scheduler.after_decode(decodes)
+        done_set = set(done)
+        for r, _ in prefill:
+            if r not in done_set:
+                self.pd.on_chunk(r, self.clock())
+        rows = [i for i, (r, _) in enumerate(prefill) if r in done_set]
+        rows += range(len(prefill), len(step.plan))
+        if rows:
+            self._sample_and_accept(done + decodes, logits[rows], num_first=len(done))
 
-    def _append(self, reqs: list[Req], logits: torch.Tensor, first: bool) -> None:
-        out: SampleOutput = sample(logits, reqs, self.eos_ids)
+    def _sample_and_accept(self, reqs: list[Req], logits: torch.Tensor, num_first: int) -> None:
+        """Sample one token per request (the first ``num_first`` get their first token). A
+        request whose own sampling fails (its parameters) fails alone, never its batch."""
         now = self.clock()
+        try:
+            outs: list[SampleOutput | None] = [sample(logits, reqs, self.eos_ids)]
+            rows = [(0, i) for i in range(len(reqs))]
+        except Exception:
+            logger.exception("batched sampling failed; sampling the %d requests one by one", len(reqs))
+            outs, rows = [], []
+            for i, req in enumerate(reqs):
+                try:
+                    outs.append(sample(logits[i:i + 1], [req], self.eos_ids))
+                except Exception:
+                    logger.exception("sampling failed for request %s", req.rid)
+                    outs.append(None)
+                rows.append((i, 0))
         self._generated.append((now, len(reqs)))
-        for i, (req, tok) in enumerate(zip(reqs, out.token_ids)):
-            logprob = out.logprobs[i] if out.logprobs is not None else None
-            top = out.top_logprobs[i] if out.top_logprobs is not None else None
-            self.accept_token(req, tok, logprob, top, now, first)
+        for i, req in enumerate(reqs):
+            which, row = rows[i]
+            out = outs[which]
+            if out is None:
+                self.pd.abort(req, now)
+                self.finish(req, {"type": "abort", "message": "sampling failed for this request"}, 500)
+                continue
+            logprob = out.logprobs[row] if out.logprobs is not None else None
+            top = out.top_logprobs[row] if out.top_logprobs is not None else None
+            self.accept_token(req, out.token_ids[row], logprob, top, now, i < num_first)
 
     def accept_token(self, req: Req, tok: int, logprob: float | None, top: list | None, now: float,
                      first: bool) -> None:
@@ -246,24 +286,21 @@ class EngineCore:
             req.pending_logprobs.append((logprob, tok))
             if top is not None:
                 req.pending_top_logprobs.append(list(top))
-        if first and isinstance(self.pd, PrefillSide):
-            self.pd.on_first_token(req, logprob, top, now)  # decode finishes or continues it
-            return
+        if first and self.pd.on_first_token(req, logprob, top, now):
+            return  # PD prefill: decode finishes or continues it
         reason = self.stop_checker.check(req)
         if reason is not None:
             self.finish(req, reason)
         elif req.stream:
             self.outbox.append(self._output(req))
 
-    def _unblock(self) -> None:
-        """Nothing could be scheduled although work exists: the head request can never fit."""
-        sched = self.scheduler
-        if sched.running and not sched.waiting:
-            self.finish(sched.running[0], {"type": "abort", "message": "out of KV cache memory"}, 503)
-        elif sched.waiting and not sched.running:
-            head = sched.waiting[0]
-            self.finish(head, {"type": "abort", "message":
-                                f"request needs more KV memory than the pool's {self.max_total_num_tokens} tokens"}, 503)
+    def _unblock(self, now: float) -> None:
+        """Nothing was scheduled although work is queued: the scheduler frees what blocks
+        progress and names the requests that can never run (never while a policy holds or
+        while pages held by transfers will come back)."""
+        for req, message in self.scheduler.unblock(now):
+            self.pd.abort(req, now)
+            self.finish(req, {"type": "abort", "message": message}, 503)
 
     def finish(self, req: Req, reason: dict, status: int = 0) -> None:
         """Finish a request wherever it is, free the pages it still holds, answer its client."""
@@ -272,8 +309,7 @@ class EngineCore:
         req.finish_reason = reason
         req.state = ReqState.FINISHED
         self.scheduler.remove(req)
-        if self.pd is not None:
-            self.pd.forget(req)
+        self.pd.forget(req)
         self.outbox.append(self._output(req, status))
 
     def _output(self, req: Req, status: int = 0) -> ReqOutput:
@@ -297,34 +333,24 @@ class EngineCore:
             self._generated.popleft()
         span = max(now - self._generated[0][0], 1e-3) if self._generated else 1.0
         used = self.scheduler.num_used_tokens
+        sched = self.scheduler
         return EngineStats(
-            num_running_reqs=len(self.scheduler.running), num_queue_reqs=len(self.scheduler.waiting),
+            num_running_reqs=len(sched.running), num_queue_reqs=len(sched.waiting),
             token_usage=used / self.max_total_num_tokens,
             gen_throughput=sum(n for _, n in self._generated) / span if self._generated else 0.0,
             num_used_tokens=used, max_total_num_tokens=self.max_total_num_tokens,
-            **self._pd_stats(),
+            num_queue_prefill_tokens=sum(r.prefill_remaining for r in sched.waiting),
+            num_running_decode_tokens=sum(r.kv_len for r in sched.running),
+            num_free_pages=self.allocator.num_free, num_total_pages=self.allocator.num_usable,
+            num_retractions_total=sched.num_retractions,
+            num_preempted_prefills_total=sched.num_preempted_prefills,
+            engine_stall_s=now - self.stalled_since if self.stalled_since is not None else 0.0,
+            role=self.pd.role,
+            **self.pd.stats(),
         )
 
-    def _pd_stats(self) -> dict[str, int | float]:
-        pd = self.pd
-        if pd is None:
-            return {}
-        out: dict[str, int | float] = {
-            "num_bootstrap_failed_reqs_total": pd.stats.bootstrap_failed,
-            "num_transfer_failed_reqs_total": pd.stats.transfer_failed,
-        }
-        if isinstance(pd, PrefillSide):
-            out["num_prefill_inflight_queue_reqs"] = len(pd.transferring)
-            out["kv_transfer_speed_gb_s"] = pd.stats.last_speed_gb_s
-            out["kv_transfer_latency_ms"] = pd.stats.last_latency_ms
-        else:
-            out["num_decode_prealloc_queue_reqs"] = len(pd.prealloc)
-            out["num_decode_transfer_queue_reqs"] = len(pd.transferring)
-        return out
-
     def close(self) -> None:
-        if self.pd is not None:
-            self.pd.close()
+        self.pd.close()
 
     def ready_info(self) -> EngineReady:
         return EngineReady(

@@ -9,6 +9,7 @@ parent) is gone; SIGTERM/SIGINT are the frontend's to handle (it drains, then te
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -26,7 +27,6 @@ from sglang_pd.server_args import ServerArgs
 logger = logging.getLogger("sglang_pd.engine")
 
 IDLE_POLL_MS = 50
-PENDING_POLL_MS = 1
 STATS_INTERVAL_S = 1.0
 
 
@@ -67,28 +67,21 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
     last_stats = 0.0
     last_parent_check = time.monotonic()
     while not stop["flag"]:
-        if not core.has_work:
-            # waiting on KV transfers: poll often; fully idle: sleep on the socket
-            if inbox.poll(PENDING_POLL_MS if core.has_pending else IDLE_POLL_MS) == 0 and not core.has_pending:
+        wait = core.wait_s()
+        if wait is None:  # idle: sleep on the socket, check the KV pool's books when nothing came
+            if inbox.poll(IDLE_POLL_MS) == 0:
                 core.check_integrity()
+        elif wait > 0:  # a policy holds, or transfers must free pages: sleep, wake on a message
+            inbox.poll(min(math.ceil(wait * 1000), IDLE_POLL_MS))
         replies: list[ControlResp] = []
         while True:
             try:
                 data = inbox.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            msg = decode_to_engine(data)
-            if isinstance(msg, GenerateReq):
-                core.add_request(msg)
-            elif isinstance(msg, AbortReq):
-                core.abort(msg.rid)
-            elif isinstance(msg, ControlReq):
-                if msg.method == "shutdown":
-                    stop["flag"] = True
-                    core.abort("", "server shutting down")
-                    replies.append(ControlResp(msg.call_id, True))
-                else:
-                    replies.append(handle_control(core, msg))
+            reply = _handle(core, data, stop)
+            if reply is not None:
+                replies.append(reply)
         outputs = core.step() if core.has_work or core.has_pending or core.outbox else []
         now = time.monotonic()
         stats = None
@@ -104,3 +97,31 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
             if os.getppid() != parent:
                 logger.warning("frontend process is gone; engine exiting")
                 return
+
+
+def _handle(core: EngineCore, data: bytes, stop: dict) -> ControlResp | None:
+    """One inbound message. Nothing one message does may leave the loop: a failure answers
+    that request (or call) with an error and the engine carries on."""
+    try:
+        msg = decode_to_engine(data)
+    except Exception:
+        logger.exception("undecodable message from the frontend (%d bytes); dropped", len(data))
+        return None
+    try:
+        if isinstance(msg, GenerateReq):
+            core.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            core.abort(msg.rid)
+        elif msg.method == "shutdown":
+            stop["flag"] = True
+            core.abort("", "server shutting down")
+            return ControlResp(msg.call_id, True)
+        else:
+            return handle_control(core, msg)
+    except Exception:
+        logger.exception("handling %s failed", type(msg).__name__)
+        if isinstance(msg, ControlReq):
+            return ControlResp(msg.call_id, False, {}, "internal error in the engine")
+        if isinstance(msg, GenerateReq):
+            core.fail_request(msg.rid, len(msg.input_ids))
+    return None

@@ -8,20 +8,16 @@ pages: only token ids, positions, and where each new token's K/V goes in the pag
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sglang_pd.scheduling.step import ForwardMode  # torch-free home; re-exported here
+
 if TYPE_CHECKING:
     from sglang_pd.engine.attention.base import AttentionBackend
     from sglang_pd.engine.kv_pool import KVPool
-
-
-class ForwardMode(enum.Enum):
-    EXTEND = "extend"  # prefill or a prefill chunk: >= 1 new tokens per request
-    DECODE = "decode"  # exactly one new token per request
 
 
 @dataclass(eq=False)

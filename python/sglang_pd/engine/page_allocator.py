@@ -6,6 +6,22 @@ Page 0 is the dummy page and is never handed out.
 
 from __future__ import annotations
 
+from typing import Protocol
+
+
+class Allocator(Protocol):
+    """What the scheduler needs of a page allocator (the engine's, or the simulator's counter)."""
+
+    @property
+    def num_usable(self) -> int: ...
+    @property
+    def num_free(self) -> int: ...
+    @property
+    def num_used(self) -> int: ...
+    def alloc(self, n: int) -> list[int]: ...
+    def free(self, pages: list[int]) -> None: ...
+    def check_integrity(self) -> None: ...
+
 
 class OutOfPages(RuntimeError):
     pass
@@ -61,3 +77,40 @@ class PageAllocator:
             raise RuntimeError(
                 f"KV page leak: free {len(free)} + used {len(self._used)} != usable {self.num_usable}"
             )
+
+
+class CountingAllocator:
+    """Counts pages without naming them (every page id is -1): a length-only simulator needs
+    how many pages are free, not which. Same interface and conservation check."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self._used = 0
+
+    @property
+    def num_usable(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_free(self) -> int:
+        return self.num_usable - self._used
+
+    @property
+    def num_used(self) -> int:
+        return self._used
+
+    def alloc(self, n: int) -> list[int]:
+        if n > self.num_free:
+            raise OutOfPages(f"asked for {n} KV pages, {self.num_free} free")
+        n = max(n, 0)
+        self._used += n
+        return [-1] * n
+
+    def free(self, pages: list[int]) -> None:
+        if len(pages) > self._used:
+            raise RuntimeError(f"freeing {len(pages)} pages with only {self._used} in use")
+        self._used -= len(pages)
+
+    def check_integrity(self) -> None:
+        if not 0 <= self._used <= self.num_usable:
+            raise RuntimeError(f"KV page count out of range: {self._used} used of {self.num_usable}")

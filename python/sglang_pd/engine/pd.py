@@ -1,42 +1,108 @@
-"""Prefill/decode disaggregation inside the engine (DESIGN.md section 2).
+"""Prefill/decode disaggregation inside the engine (DESIGN.md section 2), as one hooks object.
+
+``EngineCore`` talks to PD only through ``PDHooks``; colocated mode gets ``NullPD``. The sides
+park and unpark requests through ``Scheduler`` methods (pages stay accounted for there), and
+get their transfer managers injected, so unit tests run them over ``FakeKVTransport``.
 
 PrefillSide (``--mode prefill``): a request must carry bootstrap_host/port/room. Its prompt's
 pages are allocated whole at its first chunk (decode pre-allocates the same number), every
 finished chunk's pages are written into decode's pages over NIXL while the next chunk computes,
-and the first sampled token travels as aux data with the last write. The request holds its
-pages until the transfer is done or failed, then answers its client.
+and the first sampled token travels as aux data with the last write. The request is parked
+with its pages until the transfer is done or failed, then answers its client.
 
-DecodeSide (``--mode decode``): a request waits in the pre-allocation queue until its prompt's
-pages (plus --num-reserved-decode-tokens headroom) are free, registers those pages with the
-prefill's bootstrap server, and joins the running batch with the first token when the KV has
-arrived. Pages that prefill might still be writing after a failure are quarantined until the
-transfer layer says they are safe.
+DecodeSide (``--mode decode``): a request waits parked (no pages) until its prompt's pages
+(plus --num-reserved-decode-tokens headroom) are free and fewer than --max-running-requests
+are running or arriving, registers those pages with the prefill's bootstrap server, and joins
+the running batch with the first token when the KV has arrived. Pages that prefill might still
+be writing after a failure are quarantined until the transfer layer says they are safe.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import msgspec
 
-from sglang_pd.disaggregation.decode_manager import KVReceiverManager
-from sglang_pd.disaggregation.envs import DisaggEnvs
-from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 from sglang_pd.disaggregation.state import Failure, RoomUpdate
-from sglang_pd.disaggregation.transfer.nixl_transport import NixlKVTransport
-from sglang_pd.engine.request import Req, ReqState
+from sglang_pd.engine.request import Req
+from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import GenerateReq
 
 if TYPE_CHECKING:
-    from sglang_pd.engine.engine_core import EngineCore
+    from sglang_pd.disaggregation.decode_manager import KVReceiverManager
+    from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 
 logger = logging.getLogger(__name__)
 
 _BOOTSTRAP_FAILURES = {Failure.BOOTSTRAP_TIMEOUT, Failure.REFUSED}
+
+
+class PDEngine(Protocol):
+    """What the PD sides need of the engine."""
+
+    scheduler: Scheduler
+    page_size: int
+    clock: Callable[[], float]
+
+    def finish(self, req: Req, reason: dict, status: int = 0) -> None: ...
+    def accept_token(self, req: Req, tok: int, logprob: float | None, top: list | None, now: float,
+                     first: bool) -> None: ...
+
+
+class PDHooks(Protocol):
+    """Every point where PD changes what the engine does."""
+
+    role: str
+    flush_first_tokens_early: bool  # decode: first tokens go out before the next forward
+
+    @property
+    def has_pending(self) -> bool: ...  # transfers or bootstrap traffic to poll for
+    def admit(self, req: Req, msg: GenerateReq) -> str | None: ...  # queue or park; error text
+    def poll(self, now: float) -> None: ...
+    def on_chunk(self, req: Req, now: float) -> None: ...  # a prefill chunk (not the last) ran
+    def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool: ...
+    def abort(self, req: Req, now: float) -> None: ...  # before the engine finishes it
+    def forget(self, req: Req) -> None: ...  # after the engine finished it
+    def stats(self) -> dict[str, int | float]: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class NullPD:
+    """Colocated mode: requests go straight to the queues; nothing else happens."""
+
+    core: PDEngine
+    role: str = "colocated"
+    flush_first_tokens_early: bool = False
+    has_pending: bool = False
+
+    def admit(self, req: Req, msg: GenerateReq) -> str | None:
+        self.core.scheduler.add(req)
+        return None
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def on_chunk(self, req: Req, now: float) -> None:
+        pass
+
+    def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool:
+        return False
+
+    def abort(self, req: Req, now: float) -> None:
+        pass
+
+    def forget(self, req: Req) -> None:
+        pass
+
+    def stats(self) -> dict[str, int | float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
 class FirstTokenAux(msgspec.Struct, array_like=True):
@@ -60,6 +126,10 @@ class TransferStats:
         else:
             self.transfer_failed += 1
 
+    def as_dict(self) -> dict[str, int | float]:
+        return {"num_bootstrap_failed_reqs_total": self.bootstrap_failed,
+                "num_transfer_failed_reqs_total": self.transfer_failed}
+
 
 def _room_of(msg: GenerateReq) -> str | None:
     b = msg.bootstrap
@@ -70,32 +140,25 @@ def _room_of(msg: GenerateReq) -> str | None:
     return None
 
 
+def _failure_status(update: RoomUpdate) -> int:
+    return 503 if update.failure in _BOOTSTRAP_FAILURES else 502
+
+
 @dataclass
 class PrefillSide:
-    core: EngineCore
-    mgr: KVSenderManager = field(init=False)
+    core: PDEngine
+    mgr: KVSenderManager
+    role: str = "prefill"
+    flush_first_tokens_early: bool = False
     rooms: dict[int, Req] = field(default_factory=dict)  # every PD request on this prefill
-    transferring: dict[int, Req] = field(default_factory=dict)  # compute done, KV in flight
     started_at: dict[int, float] = field(default_factory=dict)
-    stats: TransferStats = field(default_factory=TransferStats)
-
-    def __post_init__(self) -> None:
-        args = self.core.args
-        transport = NixlKVTransport(f"prefill-{uuid.uuid4().hex[:12]}", self.core.kv_pool.kv_buffer)
-        self.mgr = KVSenderManager(transport, envs=DisaggEnvs.load(), bootstrap_host=args.host,
-                                   bootstrap_port=args.disaggregation_bootstrap_port)
+    stats_: TransferStats = field(default_factory=TransferStats)
 
     @property
     def has_pending(self) -> bool:
         # also rooms decode registered before (or without) their request reaching us: an idle
         # engine must still answer them and time them out
-        return bool(self.transferring) or self.mgr.has_pending
-
-    def held_pages(self) -> int:
-        return sum(len(r.pages) for r in self.transferring.values())
-
-    def parked_reqs(self) -> list[Req]:
-        return list(self.transferring.values())
+        return bool(self.core.scheduler.parked) or self.mgr.has_pending
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
         error = _room_of(msg)
@@ -105,6 +168,7 @@ class PrefillSide:
             req.bootstrap_room = msg.bootstrap.room
             self.rooms[req.bootstrap_room] = req
             self.mgr.expect(req.bootstrap_room, self.core.clock())
+            self.core.scheduler.add(req)
         return error
 
     def on_chunk(self, req: Req, now: float) -> None:
@@ -112,19 +176,18 @@ class PrefillSide:
         if room not in self.started_at:
             self.started_at[room] = now
             self.mgr.add_request(room, list(req.pages), now)
-        self.mgr.kv_ready(room, req.kv_len // self.core.args.page_size, False, now)
+        self.mgr.kv_ready(room, req.kv_len // self.core.page_size, False, now)
 
-    def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> None:
+    def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool:
         """Prefill is complete: park the request (pages kept) and send the rest of its KV."""
         self.on_chunk(req, now)
-        self.core.scheduler.running.remove(req)  # parked: pages kept until the transfer ends
-        self.transferring[req.bootstrap_room] = req
+        self.core.scheduler.park(req)
         aux = msgspec.msgpack.encode(FirstTokenAux(req.output_ids[-1], logprob, top))
         self.mgr.kv_ready(req.bootstrap_room, len(req.pages), True, now, aux)
+        return True  # decode finishes or continues it
 
     def abort(self, req: Req, now: float) -> None:
         self.mgr.abort(req.bootstrap_room, "aborted on the prefill server", now)  # cancels writes
-        self.transferring.pop(req.bootstrap_room, None)
 
     def forget(self, req: Req) -> None:
         self.rooms.pop(req.bootstrap_room, None)
@@ -135,29 +198,28 @@ class PrefillSide:
             req = self.rooms.get(update.room)
             if req is None:
                 continue
-            parked = self.transferring.pop(update.room, None)
-            sent_pages = len(parked.pages) if parked is not None else 0
-            if parked is not None:  # the queues no longer know it: free its pages here
-                self.core.allocator.free(parked.pages)
-                parked.pages = []
             if update.phase == "Done":
-                self._record_speed(req.bootstrap_room, sent_pages, now)
+                self._record_speed(req.bootstrap_room, len(req.pages), now)
                 self.core.finish(req, {"type": "length", "length": len(req.output_ids)})
             else:
-                self.stats.failed(update)
+                self.stats_.failed(update)
                 self.core.finish(req, {"type": "abort", "message": f"KV transfer failed: {update.reason}"},
-                                 status=503 if update.failure in _BOOTSTRAP_FAILURES else 502)
+                                 status=_failure_status(update))
 
     def _record_speed(self, room: int, pages: int, now: float) -> None:
         """From the first chunk's hand-off to the last write's completion (overlaps compute)."""
         start = self.started_at.get(room)
         if start is None:
             return
-        pool = self.core.kv_pool
-        nbytes = pages * pool.page_bytes * 2 * pool.num_layers
+        nbytes = pages * self.mgr.transport.layout.bytes_per_page_all_layers
         elapsed = max(now - start, 1e-6)
-        self.stats.last_latency_ms = elapsed * 1e3
-        self.stats.last_speed_gb_s = nbytes / elapsed / 1e9
+        self.stats_.last_latency_ms = elapsed * 1e3
+        self.stats_.last_speed_gb_s = nbytes / elapsed / 1e9
+
+    def stats(self) -> dict[str, int | float]:
+        return {**self.stats_.as_dict(), "num_prefill_inflight_queue_reqs": len(self.core.scheduler.parked),
+                "kv_transfer_speed_gb_s": self.stats_.last_speed_gb_s,
+                "kv_transfer_latency_ms": self.stats_.last_latency_ms}
 
     def close(self) -> None:
         self.mgr.close()
@@ -165,38 +227,40 @@ class PrefillSide:
 
 @dataclass
 class DecodeSide:
-    core: EngineCore
-    mgr: KVReceiverManager = field(init=False)
-    prealloc: deque[Req] = field(default_factory=deque)  # waiting for pages
-    transferring: dict[int, Req] = field(default_factory=dict)  # registered, KV on its way
-    quarantine: dict[int, list[int]] = field(default_factory=dict)  # pages prefill may still write
-    stats: TransferStats = field(default_factory=TransferStats)
-
-    def __post_init__(self) -> None:
-        transport = NixlKVTransport(f"decode-{uuid.uuid4().hex[:12]}", self.core.kv_pool.kv_buffer)
-        self.mgr = KVReceiverManager(transport, envs=DisaggEnvs.load())
-        self.reserved_pages = -(-self.core.args.num_reserved_decode_tokens // self.core.args.page_size)
+    core: PDEngine
+    mgr: KVReceiverManager
+    reserved_pages: int  # --num-reserved-decode-tokens in pages: room to decode into
+    max_running: int
+    role: str = "decode"
+    flush_first_tokens_early: bool = True
+    prealloc: deque[Req] = field(default_factory=deque)  # parked, waiting for pages
+    transferring: dict[int, Req] = field(default_factory=dict)  # parked, registered, KV on its way
+    stats_: TransferStats = field(default_factory=TransferStats)
 
     @property
     def has_pending(self) -> bool:
-        return bool(self.prealloc or self.transferring or self.quarantine)
-
-    def held_pages(self) -> int:
-        return sum(len(r.pages) for r in self.transferring.values()) + sum(map(len, self.quarantine.values()))
+        return bool(self.prealloc or self.transferring or self.core.scheduler.quarantine)
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
         error = _room_of(msg)
-        if error is None and (msg.bootstrap.room in self.transferring or
-                              any(r.bootstrap_room == msg.bootstrap.room for r in self.prealloc)):
-            error = f"bootstrap_room {msg.bootstrap.room} is already in use on this decode server"
+        room = msg.bootstrap.room if msg.bootstrap is not None else -1
+        if error is None and (room in self.transferring or any(r.bootstrap_room == room for r in self.prealloc)):
+            error = f"bootstrap_room {room} is already in use on this decode server"
+        elif error is None and room in self.core.scheduler.quarantine:
+            error = (f"bootstrap_room {room} belongs to an aborted request whose transfer is still "
+                     f"winding down; use a new room")
         if error is None:
-            req.bootstrap_room = msg.bootstrap.room
+            req.bootstrap_room = room
             req.bootstrap_addr = (msg.bootstrap.host, msg.bootstrap.port)
+            self.core.scheduler.park(req)
             self.prealloc.append(req)
         return error
 
-    def parked_reqs(self) -> list[Req]:
-        return list(self.prealloc) + list(self.transferring.values())
+    def on_chunk(self, req: Req, now: float) -> None:
+        pass
+
+    def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool:
+        return False  # decode streams and stop-checks it like any other token
 
     def forget(self, req: Req) -> None:
         pass  # decode keeps no per-room state past the transfer
@@ -207,46 +271,80 @@ class DecodeSide:
             return
         if self.transferring.pop(req.bootstrap_room, None) is not None:
             self.mgr.abort(req.bootstrap_room, "aborted on the decode server", now)
-            self.quarantine[req.bootstrap_room] = req.pages  # until prefill confirms
-            req.pages = []
+            self.core.scheduler.quarantine_pages(req.bootstrap_room, req)  # until prefill confirms
 
     def poll(self, now: float) -> None:
         self._preallocate(now)
+        sched = self.core.scheduler
         for update in self.mgr.poll(now):
             req = self.transferring.pop(update.room, None)
             if req is not None and update.phase == "Success":
                 self._start_decoding(req, update.aux, now)
                 continue
             if req is not None:  # failed while this engine still waited on it
-                self.stats.failed(update)
-                self.quarantine[update.room] = req.pages
-                req.pages = []
+                self.stats_.failed(update)
+                sched.quarantine_pages(update.room, req)
                 self.core.finish(req, {"type": "abort", "message": f"KV transfer failed: {update.reason}"},
-                                 status=503 if update.failure in _BOOTSTRAP_FAILURES else 502)
-            if update.pages_releasable and update.room in self.quarantine:
-                self.core.allocator.free(self.quarantine.pop(update.room))
+                                 status=_failure_status(update))
+            if update.pages_releasable:
+                sched.release_quarantine(update.room)
 
     def _preallocate(self, now: float) -> None:
-        alloc = self.core.allocator
+        sched = self.core.scheduler
+        alloc = sched.allocator
         while self.prealloc:
+            if len(sched.running) + len(self.transferring) >= self.max_running:
+                return  # --max-running-requests counts requests whose KV is arriving too
             req = self.prealloc[0]
-            need = -(-req.prompt_len // self.core.args.page_size)
-            if need + self.reserved_pages > alloc.num_free and (self.core.scheduler.running or self.transferring):
+            need = -(-req.prompt_len // self.core.page_size)
+            if need + self.reserved_pages > alloc.num_free and (sched.running or self.transferring):
                 return  # wait for memory; with nothing else running, admit without headroom
             if need > alloc.num_free:
                 return
             self.prealloc.popleft()
-            req.pages = alloc.alloc(need)
+            sched.park(req, num_pages=need)
             self.transferring[req.bootstrap_room] = req
             host, port = req.bootstrap_addr
-            self.mgr.add_request(req.bootstrap_room, host, port, list(req.pages), now)
+            try:
+                self.mgr.add_request(req.bootstrap_room, host, port, list(req.pages), now)
+            except Exception as exc:  # one room's bad address or full queue fails that room only
+                logger.warning("room %d: registering with %s:%d failed: %s", req.bootstrap_room, host,
+                               port, exc)
+                self.transferring.pop(req.bootstrap_room, None)
+                self.stats_.bootstrap_failed += 1
+                self.core.finish(req, {"type": "abort", "message":
+                                       f"cannot reach the prefill server at {host}:{port}"}, 503)
 
     def _start_decoding(self, req: Req, aux_bytes: bytes, now: float) -> None:
         aux = msgspec.msgpack.decode(aux_bytes, type=FirstTokenAux)
-        req.kv_len = req.prompt_len
-        req.state = ReqState.RUNNING
-        self.core.scheduler.running.append(req)
+        self.core.scheduler.start_running(req, kv_len=req.prompt_len)
         self.core.accept_token(req, aux.token_id, aux.logprob, aux.top_logprobs, now, first=True)
+
+    def stats(self) -> dict[str, int | float]:
+        return {**self.stats_.as_dict(), "num_decode_prealloc_queue_reqs": len(self.prealloc),
+                "num_decode_transfer_queue_reqs": len(self.transferring)}
 
     def close(self) -> None:
         self.mgr.close()
+
+
+def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: object, host: str, bootstrap_port: int,
+                    num_reserved_decode_tokens: int, max_running: int) -> PDHooks:
+    """The hooks for ``--mode``, with the NIXL transport for the PD modes."""
+    if mode == "colocated":
+        return NullPD(core)
+    import uuid
+
+    from sglang_pd.disaggregation.envs import DisaggEnvs
+    from sglang_pd.disaggregation.transfer.nixl_transport import NixlKVTransport
+
+    transport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", kv_buffer)
+    if mode == "prefill":
+        from sglang_pd.disaggregation.prefill_manager import KVSenderManager
+
+        return PrefillSide(core, KVSenderManager(transport, envs=DisaggEnvs.load(), bootstrap_host=host,
+                                                 bootstrap_port=bootstrap_port))
+    from sglang_pd.disaggregation.decode_manager import KVReceiverManager
+
+    return DecodeSide(core, KVReceiverManager(transport, envs=DisaggEnvs.load()),
+                      reserved_pages=-(-num_reserved_decode_tokens // core.page_size), max_running=max_running)

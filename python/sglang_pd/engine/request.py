@@ -8,16 +8,14 @@ next decode step feeds output_ids[-1]. A request retracted to free memory drops 
 
 from __future__ import annotations
 
-import enum
+import time
 from dataclasses import dataclass, field
 
 from sglang_pd.protocol import GenerateReq, SamplingParams
+from sglang_pd.scheduling.step import ReqState  # torch-free home; re-exported here
 
-
-class ReqState(enum.Enum):
-    WAITING = "waiting"  # queued for (more) prefill
-    RUNNING = "running"  # decoding
-    FINISHED = "finished"
+# a frontend arrival older than this is a clock problem, not a queue: cap what it may claim
+MAX_FRONTEND_AGE_S = 3600.0
 
 
 @dataclass(eq=False)
@@ -25,7 +23,7 @@ class Req:
     rid: str
     prompt_ids: list[int]
     params: SamplingParams
-    arrival: float  # engine clock (time.monotonic) at admission to the queue
+    arrival: float  # engine clock (time.monotonic) at the frontend's arrival
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
@@ -48,18 +46,27 @@ class Req:
     pending_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @classmethod
-    def from_msg(cls, msg: GenerateReq, now: float) -> "Req":
+    def from_msg(cls, msg: GenerateReq, now: float, wall_now: float | None = None,
+                 default_slo_s: tuple[float | None, float | None] = (None, None)) -> "Req":
+        """``now``: the engine clock; ``wall_now``: time.time() at the same instant. The request's
+        clock starts at the frontend's arrival (``msg.arrival_time``, wall time), converted once
+        into the engine clock, so queueing before the engine counts against its deadline. SLOs:
+        the request's own (body or headers, merged by the frontend), else the server defaults."""
+        age = 0.0
+        if msg.arrival_time > 0:
+            wall = time.time() if wall_now is None else wall_now
+            age = min(max(wall - msg.arrival_time, 0.0), MAX_FRONTEND_AGE_S)
         slo = msg.slo
         return cls(
             rid=msg.rid,
             prompt_ids=list(msg.input_ids),
             params=msg.sampling_params,
-            arrival=now,
+            arrival=now - age,
             stream=msg.stream,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
-            slo_ttft_s=slo.ttft_ms / 1e3 if slo and slo.ttft_ms else None,
-            slo_tpot_s=slo.tpot_ms / 1e3 if slo and slo.tpot_ms else None,
+            slo_ttft_s=slo.ttft_ms / 1e3 if slo and slo.ttft_ms else default_slo_s[0],
+            slo_tpot_s=slo.tpot_ms / 1e3 if slo and slo.tpot_ms else default_slo_s[1],
         )
 
     # ---- SchedReq view (scheduling/types.py)

@@ -1,39 +1,72 @@
 """The engine's scheduler: queues, admission, chunked prefill, decode batches, retraction.
 
-Mechanism only; *which* requests run is decided by the pure policies in scheduling/.
+Mechanism only; *which* requests run is decided by the pure policies in scheduling/. It imports
+no torch and works on the ``SchedulerReq`` protocol, so the simulator drives this very class
+with length-only requests (DESIGN.md section 3).
+
 Memory story (one, documented): admission allocates the pages of the granted prefill chunk and
 keeps one page of headroom per running request; decode allocates a page when a request crosses
-a page boundary; when the pool runs dry, the newest running request is retracted (its pages
-freed, its tokens kept) and re-prefilled later (recomputation, as in vLLM/nano-vllm).
-Invariant: allocator.used == sum(len(r.pages) for r in waiting + running).
+a page boundary; when the pool runs dry, partly prefilled waiting requests give their pages
+back first, then the newest running request is retracted (its pages freed, its tokens kept)
+and re-prefilled later (recomputation, as in vLLM/nano-vllm). PD requests whose KV is in flight
+are parked here with their pages, and pages a peer may still write sit in quarantine.
+Invariant: allocator.used == pages of waiting + running + parked requests + quarantined pages.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
-from sglang_pd.engine.forward_batch import ForwardMode
-from sglang_pd.engine.page_allocator import PageAllocator
-from sglang_pd.engine.request import Req, ReqState
+from sglang_pd.engine.page_allocator import Allocator
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
+
+
+class SchedulerReq(SchedReq, Protocol):
+    """What the mechanism needs of a request beyond the policy view: its pages and KV length."""
+
+    pages: list[int]
+    kv_len: int
+    state: ReqState
+    num_retractions: int
+
+    @property
+    def prefill_target(self) -> int: ...  # tokens that need KV before the next decode step
 
 
 @dataclass
 class ScheduledStep:
     mode: ForwardMode
-    plan: list[tuple[Req, int]]  # (request, new tokens); decode steps have n == 1
+    plan: list[tuple[SchedulerReq, int]]  # (request, new tokens); decodes have n == 1, last
+    shape: StepShape
+    num_decode: int = 0  # the trailing decodes of a DECODE or MIXED step
 
     @property
-    def reqs(self) -> list[Req]:
+    def reqs(self) -> list[SchedulerReq]:
         return [r for r, _ in self.plan]
+
+    @property
+    def prefill_plan(self) -> list[tuple[SchedulerReq, int]]:
+        return self.plan[: len(self.plan) - self.num_decode]
+
+    @property
+    def decode_reqs(self) -> list[SchedulerReq]:
+        return [r for r, _ in self.plan[len(self.plan) - self.num_decode:]]
+
+    def profile(self, total_s: float = 0.0, forward_s: float = 0.0) -> StepProfile:
+        """What the step held, KV lengths read before the step advanced them."""
+        contexts = [r.kv_len for r, _ in self.plan]
+        return StepProfile(self.mode, len(self.plan), self.shape.num_tokens, sum(contexts),
+                           max(contexts, default=0), self.shape, total_s, forward_s, self.num_decode)
 
 
 class PageAdmission:
     """KVAdmission over the page allocator: grants allocate immediately."""
 
-    def __init__(self, allocator: PageAllocator, page_size: int, headroom_pages: int,
+    def __init__(self, allocator: Allocator, page_size: int, headroom_pages: int,
                  whole_prompt: bool = False) -> None:
         self.allocator = allocator
         self.page_size = page_size
@@ -42,124 +75,236 @@ class PageAdmission:
         # registers a fixed destination page list for the whole prompt
         self.whole_prompt = whole_prompt
 
-    def pages_needed(self, req: Req, new_tokens: int) -> int:
+    def pages_needed(self, req: SchedulerReq, new_tokens: int) -> int:
         tokens = req.prefill_target if self.whole_prompt else req.kv_len + new_tokens
-        total = -(-tokens // self.page_size)
-        return max(total - len(req.pages), 0)
+        return max(-(-tokens // self.page_size) - len(req.pages), 0)
 
-    def can_admit(self, req: SchedReq, new_tokens: int) -> bool:
-        assert isinstance(req, Req)
+    def can_admit(self, req: SchedulerReq, new_tokens: int) -> bool:  # type: ignore[override]
         return self.pages_needed(req, new_tokens) + self.headroom <= self.allocator.num_free
 
-    def admit(self, req: SchedReq, new_tokens: int) -> None:
-        assert isinstance(req, Req)
+    def admit(self, req: SchedulerReq, new_tokens: int) -> None:  # type: ignore[override]
         req.pages.extend(self.allocator.alloc(self.pages_needed(req, new_tokens)))
 
 
 class Scheduler:
-    def __init__(self, allocator: PageAllocator, page_size: int, prefill_policy: PrefillPolicy,
-                 decode_policy: DecodePolicy, max_running_requests: int, chunked_prefill_size: int,
-                 max_prefill_tokens: int, whole_prompt_pages: bool = False) -> None:
+    def __init__(self, allocator: Allocator, cfg: PolicyConfig, prefill_policy: PrefillPolicy,
+                 decode_policy: DecodePolicy, whole_prompt_pages: bool = False) -> None:
         self.allocator = allocator
-        self.whole_prompt_pages = whole_prompt_pages
-        self.page_size = page_size
+        self.cfg = cfg
+        self.page_size = cfg.page_size
         self.prefill_policy = prefill_policy
         self.decode_policy = decode_policy
-        self.max_running = max_running_requests
-        self.chunk_size = chunked_prefill_size
-        self.max_prefill_tokens = max(max_prefill_tokens, chunked_prefill_size)
-        self.waiting: list[Req] = []  # arrival order
-        self.running: list[Req] = []  # admission order
+        self.whole_prompt_pages = whole_prompt_pages
+        self.max_running = cfg.max_running_requests
+        self.chunk_size = cfg.chunked_prefill_size
+        self.max_prefill_tokens = max(cfg.max_prefill_tokens, cfg.chunked_prefill_size)
+        self.waiting: list[SchedulerReq] = []  # arrival order
+        self.running: list[SchedulerReq] = []  # admission order
+        self.parked: dict[SchedulerReq, None] = {}  # held outside the queues (PD), insertion order
+        self.quarantine: dict[object, list[int]] = {}  # pages a peer may still write, by key
+        self.hold_deadline: float | None = None  # the prefill policy waits until then
         self.num_retractions = 0
+        self.num_preempted_prefills = 0
 
     # ------------------------------------------------------------------ queues
-    def add(self, req: Req) -> None:
+    def add(self, req: SchedulerReq) -> None:
         req.state = ReqState.WAITING
         # arrival order; retracted requests go back in front of later arrivals
         bisect.insort(self.waiting, req, key=lambda r: r.arrival)
 
-    def find(self, rid: str) -> Req | None:
-        for q in (self.waiting, self.running):
-            for r in q:
-                if r.rid == rid:
-                    return r
-        return None
+    def all_reqs(self) -> list[SchedulerReq]:
+        return self.waiting + self.running + list(self.parked)
 
-    def remove(self, req: Req) -> None:
-        """Take a request out of the queues and free its pages (finish, abort, error)."""
-        if req in self.running:
+    def find(self, rid: str) -> SchedulerReq | None:
+        return next((r for r in self.all_reqs() if r.rid == rid), None)
+
+    def remove(self, req: SchedulerReq) -> None:
+        """Take a request out of wherever it is and free its pages (finish, abort, error)."""
+        if req in self.parked:
+            del self.parked[req]
+        elif req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self.release(req)
 
-    def release(self, req: Req) -> None:
+    def release(self, req: SchedulerReq) -> None:
         if req.pages:
             self.allocator.free(req.pages)
             req.pages = []
         req.kv_len = 0
 
+    # ------------------------------------------------------------------ PD parking
+    def park(self, req: SchedulerReq, num_pages: int = 0) -> None:
+        """Hold ``req`` outside the queues with its pages (allocating ``num_pages`` more): a PD
+        prefill whose KV is being sent, a PD decode whose KV is arriving."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if num_pages:
+            req.pages.extend(self.allocator.alloc(num_pages))
+        req.state = ReqState.PARKED
+        self.parked[req] = None
+
+    def start_running(self, req: SchedulerReq, kv_len: int) -> None:
+        """A parked request whose KV (``kv_len`` tokens) has arrived joins the decode batch."""
+        self.parked.pop(req, None)
+        req.kv_len = kv_len
+        req.state = ReqState.RUNNING
+        self.running.append(req)
+
+    def quarantine_pages(self, key: object, req: SchedulerReq) -> None:
+        """Take ``req``'s pages away from it but keep them allocated until ``release_quarantine``:
+        a failed or aborted transfer's peer may still be writing into them."""
+        if req.pages:
+            self.quarantine.setdefault(key, []).extend(req.pages)
+            req.pages = []
+
+    def release_quarantine(self, key: object) -> None:
+        pages = self.quarantine.pop(key, None)
+        if pages:
+            self.allocator.free(pages)
+
+    @property
+    def pending_pages(self) -> int:
+        """Pages that will come back without any scheduling decision (transfers end or time out)."""
+        return sum(len(r.pages) for r in self.parked) + sum(map(len, self.quarantine.values()))
+
+    # ------------------------------------------------------------------ state
     @property
     def has_work(self) -> bool:
+        """Compute to do (parked requests wait on transfers, not on compute)."""
         return bool(self.waiting or self.running)
+
+    def holding(self, now: float) -> bool:
+        return self.hold_deadline is not None and now < self.hold_deadline
 
     @property
     def num_used_tokens(self) -> int:
         return self.allocator.num_used * self.page_size
 
-    def check_integrity(self, held_elsewhere: int = 0) -> None:
-        """``held_elsewhere``: pages held outside the queues (PD transfers in flight)."""
+    def check_integrity(self) -> None:
         self.allocator.check_integrity()
-        held = sum(len(r.pages) for r in self.waiting + self.running) + held_elsewhere
+        held = sum(len(r.pages) for r in self.all_reqs()) + sum(map(len, self.quarantine.values()))
         if held != self.allocator.num_used:
-            raise RuntimeError(f"pages held by requests ({held}) != pages in use ({self.allocator.num_used})")
+            raise RuntimeError(f"pages held by requests and quarantine ({held}) != pages in use "
+                               f"({self.allocator.num_used})")
 
     # ------------------------------------------------------------------ steps
     def schedule(self, now: float) -> ScheduledStep | None:
+        self.hold_deadline = None
+        plan: list[tuple[SchedulerReq, int]] = []
         if self.waiting:
             started = sum(1 for r in self.waiting if r.pages)
             budget = PrefillBudget(
                 token_budget=self.max_prefill_tokens,
                 chunk_size=self.chunk_size,
-                new_req_slots=self.max_running - len(self.running) - started,
+                new_req_slots=self.max_running - len(self.running) - len(self.parked) - started,
                 kv=PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
                                  whole_prompt=self.whole_prompt_pages),
             )
-            plan = self.prefill_policy.schedule(self.waiting, now, budget)
-            if plan:
-                return ScheduledStep(ForwardMode.EXTEND, list(plan))
+            plan = list(self.prefill_policy.schedule(self.waiting, now, budget))
+            if not plan and budget.hold_deadline is not None and budget.hold_deadline > now:
+                self.hold_deadline = budget.hold_deadline
+        if plan:
+            decodes = self._mixable_decodes(now) if self.cfg.enable_mixed_chunk and self.running else []
+            plan += [(r, 1) for r in decodes]
+            return self._step(ForwardMode.MIXED if decodes else ForwardMode.EXTEND, plan, len(decodes))
         if self.running:
             batch = self._fit_decode(self.decode_policy.schedule(self.running, now))
             if batch:
-                return ScheduledStep(ForwardMode.DECODE, [(r, 1) for r in batch])
+                return self._step(ForwardMode.DECODE, [(r, 1) for r in batch], len(batch))
         return None
 
-    def _fit_decode(self, batch: Sequence[Req]) -> list[Req]:
-        """Give every request in the batch a slot for its next token, retracting the newest
-        running requests while the pool is short."""
+    def _step(self, mode: ForwardMode, plan: list[tuple[SchedulerReq, int]], num_decode: int) -> ScheduledStep:
+        tokens = sum(n for _, n in plan)
+        bucket = self.cfg.buckets.bucket(tokens, len(plan)) if mode is ForwardMode.EXTEND else None
+        return ScheduledStep(mode, plan, StepShape(len(plan), tokens, bucket), num_decode)
+
+    def _needs_page(self, req: SchedulerReq) -> bool:
+        return req.kv_len >= len(req.pages) * self.page_size
+
+    def _mixable_decodes(self, now: float) -> list[SchedulerReq]:
+        """Decodes that ride along a prefill step: only when they all fit without retraction
+        (a mixed step must never evict the chunk it carries)."""
+        batch = list(self.decode_policy.schedule(self.running, now))
+        needs = [r for r in batch if self._needs_page(r)]
+        if len(needs) > self.allocator.num_free:
+            return []
+        for r in needs:
+            r.pages.extend(self.allocator.alloc(1))
+        return batch
+
+    def _fit_decode(self, batch: Sequence[SchedulerReq]) -> list[SchedulerReq]:
+        """Give every request in the batch a slot for its next token. While the pool is short,
+        partial prefills give their pages back first (they have produced nothing yet), then
+        the newest running requests are retracted."""
         batch = list(batch)
-        needs = [r for r in batch if r.kv_len >= len(r.pages) * self.page_size]
-        while len(needs) > self.allocator.num_free and len(self.running) > 1:
+        needs = [r for r in batch if self._needs_page(r)]
+        while len(needs) > self.allocator.num_free:
+            partial = self._newest_partial_prefill()
+            if partial is not None:
+                self.preempt_prefill(partial)
+                continue
+            if len(self.running) <= 1:
+                return []  # a lone request holding the whole pool: unblock() decides
             victim = self.running[-1]
             self.retract(victim)
             if victim in batch:
                 batch.remove(victim)
             if victim in needs:
                 needs.remove(victim)
-        if len(needs) > self.allocator.num_free:
-            return []  # a lone request larger than the pool: the engine finishes it
         for r in needs:
             r.pages.extend(self.allocator.alloc(1))
         return batch
 
-    def retract(self, req: Req) -> None:
+    def _newest_partial_prefill(self) -> SchedulerReq | None:
+        return next((r for r in reversed(self.waiting) if r.pages), None)
+
+    def preempt_prefill(self, req: SchedulerReq) -> None:
+        """A waiting request gives back the pages of its partial prefill (recomputed later)."""
+        self.release(req)
+        self.num_preempted_prefills += 1
+
+    def retract(self, req: SchedulerReq) -> None:
         self.running.remove(req)
         self.release(req)
         req.num_retractions += 1
         self.num_retractions += 1
         self.add(req)
 
-    def after_extend(self, plan: Sequence[tuple[Req, int]]) -> list[Req]:
+    def unblock(self, now: float) -> list[tuple[SchedulerReq, str]]:
+        """``schedule`` returned nothing although work is queued. Free what blocks progress and
+        return the requests that can never run, with the reason (the caller aborts them).
+        Nothing is returned while the policy holds or while parked/quarantined pages will
+        come back on their own."""
+        if self.holding(now) or self.pending_pages:
+            return []
+        partial = self._newest_partial_prefill()
+        if partial is not None:  # pages spread over partial prefills: one gives way per call
+            self.preempt_prefill(partial)
+            return []
+        if self.running:
+            lone = self.running[0]
+            if len(self.running) == 1 and self._needs_page(lone) and self.allocator.num_free == 0:
+                return [(lone, "out of KV cache memory: the request's KV fills the whole pool")]
+            return []  # the decode policy chose to wait
+        if self.waiting:
+            head = self.waiting[0]
+            need = -(-head.prefill_target // self.page_size)
+            if need > self.allocator.num_usable:
+                return [(head, f"the request needs {need * self.page_size} KV tokens; the pool "
+                               f"holds only {self.allocator.num_usable * self.page_size}")]
+            return [(head, f"the prefill policy {self.prefill_policy.name!r} scheduled nothing "
+                           f"with the KV pool empty (a policy bug)")]
+        return []
+
+    def observe(self, profile: StepProfile, elapsed_s: float, now: float) -> None:
+        self.prefill_policy.observe(profile, elapsed_s, now)
+        self.decode_policy.observe(profile, elapsed_s, now)
+
+    def after_extend(self, plan: Sequence[tuple[SchedulerReq, int]]) -> list[SchedulerReq]:
         """Advance KV lengths; return the requests whose prefill just completed and that need a
         first token sampled (resumed ones already have theirs)."""
         need_sample = []
@@ -169,10 +314,10 @@ class Scheduler:
                 self.waiting.remove(r)
                 r.state = ReqState.RUNNING
                 self.running.append(r)
-                if not r.output_ids:
+                if r.n_generated == 0:
                     need_sample.append(r)
         return need_sample
 
-    def after_decode(self, reqs: Sequence[Req]) -> None:
+    def after_decode(self, reqs: Sequence[SchedulerReq]) -> None:
         for r in reqs:
             r.kv_len += 1

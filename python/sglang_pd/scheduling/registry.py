@@ -4,21 +4,31 @@ from __future__ import annotations
 
 from typing import Callable
 
+from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
 from sglang_pd.scheduling.types import DecodePolicy, PrefillPolicy
 
-PREFILL_POLICIES: dict[str, Callable[[], PrefillPolicy]] = {"fcfs": FcfsPrefillPolicy}
-DECODE_POLICIES: dict[str, Callable[[], DecodePolicy]] = {"continuous": ContinuousDecodePolicy}
+PREFILL_POLICIES: dict[str, Callable[[PolicyConfig], PrefillPolicy]] = {"fcfs": FcfsPrefillPolicy}
+DECODE_POLICIES: dict[str, Callable[[PolicyConfig], DecodePolicy]] = {"continuous": ContinuousDecodePolicy}
 
 
-def create_prefill_policy(name: str) -> PrefillPolicy:
+def create_prefill_policy(name: str, cfg: PolicyConfig | None = None) -> PrefillPolicy:
     if name not in PREFILL_POLICIES:
         raise ValueError(f"unknown prefill policy {name!r}; supported: {sorted(PREFILL_POLICIES)}")
-    return PREFILL_POLICIES[name]()
+    return PREFILL_POLICIES[name](cfg if cfg is not None else PolicyConfig())
 
 
-def create_decode_policy(name: str) -> DecodePolicy:
+def create_decode_policy(name: str, cfg: PolicyConfig | None = None) -> DecodePolicy:
     if name not in DECODE_POLICIES:
         raise ValueError(f"unknown decode policy {name!r}; supported: {sorted(DECODE_POLICIES)}")
-    return DECODE_POLICIES[name]()
+    return DECODE_POLICIES[name](cfg if cfg is not None else PolicyConfig())
+
+
+def register_prefill_policy(name: str, factory: Callable[[PolicyConfig], PrefillPolicy]) -> None:
+    """Out-of-tree policies (plugin modules named in SGLANG_PD_POLICY_PLUGINS) register here."""
+    PREFILL_POLICIES[name] = factory
+
+
+def register_decode_policy(name: str, factory: Callable[[PolicyConfig], DecodePolicy]) -> None:
+    DECODE_POLICIES[name] = factory

@@ -11,6 +11,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, TypeVar, runtime_checkable
 
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.step import StepProfile
+
 
 @runtime_checkable
 class SchedReq(Protocol):
@@ -60,6 +63,14 @@ class PrefillBudget:
     new_req_slots: int  # requests not yet started that may still start
     kv: KVAdmission
     granted: list[tuple[SchedReq, int]] = field(default_factory=list)
+    # set by a policy that chooses to wait (a batching window): with an empty plan the engine
+    # sleeps until this time (or the next arrival) instead of treating the empty plan as stuck
+    hold_deadline: float | None = None
+
+    def hold_until(self, t: float) -> None:
+        """Ask the engine not to run prefill before ``t`` (seconds, the ``now`` clock) unless
+        something changes; several holds keep the earliest."""
+        self.hold_deadline = t if self.hold_deadline is None else min(self.hold_deadline, t)
 
     def grant(self, req: SchedReq, max_tokens: int | None = None) -> int:
         """Give ``req`` as many tokens as the budget allows (0 = none); record the grant."""
@@ -75,20 +86,27 @@ class PrefillBudget:
         return n
 
 
-class PrefillPolicy(ABC):
-    """Chooses which waiting requests prefill this step, and how many tokens each (a chunk plan)."""
-
+class _Policy(ABC):
     name: str = ""
+
+    def __init__(self, cfg: PolicyConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else PolicyConfig()
+
+    def observe(self, step: StepProfile, elapsed_s: float, now: float) -> None:
+        """Called after every engine step with what it held and its wall time (cost models
+        learn here). Default: nothing."""
+
+
+class PrefillPolicy(_Policy):
+    """Chooses which waiting requests prefill this step, and how many tokens each (a chunk plan)."""
 
     @abstractmethod
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         """Return [(req, n_tokens)] spent through ``budget.grant``; ``waiting`` is in arrival order."""
 
 
-class DecodePolicy(ABC):
+class DecodePolicy(_Policy):
     """Chooses which running requests take a decode step now."""
-
-    name: str = ""
 
     @abstractmethod
     def schedule(self, running: Sequence[R], now: float) -> list[R]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from sglang_pd.engine.attention.base import AttentionBackend
+if TYPE_CHECKING:  # importing this package must stay torch-free: server_args reads the names
+    from sglang_pd.engine.attention.base import AttentionBackend
 
 
 def _make_torch() -> AttentionBackend:
@@ -14,7 +15,7 @@ def _make_torch() -> AttentionBackend:
 
 
 # Heavy or optional imports stay inside the factories (triton/flashinfer on GPU later).
-ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": _make_torch}
+ATTENTION_BACKENDS: dict[str, Callable[[], "AttentionBackend"]] = {"torch": _make_torch}
 
 
 def create_attention_backend(name: str) -> AttentionBackend:

@@ -1,0 +1,240 @@
+"""PrefillSide / DecodeSide (engine/pd.py) over FakeKVTransport and real loopback bootstrap
+sockets, without a model: a fake engine holds a real Scheduler and page allocator, and "runs"
+prefill by advancing KV lengths. Every failure path must give every page back."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+
+from sglang_pd.disaggregation.decode_manager import KVReceiverManager
+from sglang_pd.disaggregation.envs import DisaggEnvs
+from sglang_pd.disaggregation.prefill_manager import KVSenderManager
+from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
+from sglang_pd.engine.page_allocator import PageAllocator
+from sglang_pd.engine.pd import DecodeSide, NullPD, PDHooks, PrefillSide
+from sglang_pd.engine.request import Req, ReqState
+from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.protocol import BootstrapInfo, GenerateReq, SamplingParams
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
+from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
+
+pytestmark = pytest.mark.timeout(60)
+PAGE = 4
+NUM_PAGES = 24
+ENVS = DisaggEnvs(bootstrap_timeout=30, waiting_timeout=30, heartbeat_interval=1.0, heartbeat_max_failure=2)
+
+
+@dataclass
+class FakeEngine:
+    """The PDEngine surface of EngineCore, with a real Scheduler and allocator."""
+
+    whole_prompt: bool
+    page_size: int = PAGE
+    now: float = 0.0
+    pd: PDHooks | None = None
+    answers: dict[str, tuple[dict, int]] = field(default_factory=dict)
+    streamed: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cfg = PolicyConfig(page_size=PAGE, chunked_prefill_size=8, max_prefill_tokens=8)
+        self.scheduler = Scheduler(PageAllocator(NUM_PAGES), cfg, FcfsPrefillPolicy(cfg),
+                                   ContinuousDecodePolicy(cfg), whole_prompt_pages=self.whole_prompt)
+        self.clock: Callable[[], float] = lambda: self.now
+
+    def finish(self, req: Req, reason: dict, status: int = 0) -> None:
+        if req.finish_reason is not None:
+            return
+        req.finish_reason = reason
+        req.state = ReqState.FINISHED
+        self.scheduler.remove(req)
+        assert self.pd is not None
+        self.pd.forget(req)
+        self.answers[req.rid] = (reason, status)
+
+    def accept_token(self, req: Req, tok: int, logprob: float | None, top: list | None, now: float,
+                     first: bool) -> None:
+        req.output_ids.append(tok)
+        assert self.pd is not None
+        if first and self.pd.on_first_token(req, logprob, top, now):
+            return
+        self.streamed.setdefault(req.rid, []).append(tok)
+
+    def run_prefill(self) -> None:
+        """One scheduler step with a pretend forward: chunks advance, finished prompts sample 5."""
+        step = self.scheduler.schedule(self.now)
+        assert step is not None
+        done = set(self.scheduler.after_extend(step.plan))
+        for r, _ in step.plan:
+            if r not in done:
+                self.pd.on_chunk(r, self.now)  # type: ignore[union-attr]
+        for r in done:
+            self.accept_token(r, 5, None, None, self.now, first=True)
+
+    def pages_conserved(self) -> None:
+        self.scheduler.check_integrity()
+
+
+def _msg(rid: str, room: int, port: int, prompt_len: int = 10, host: str = "127.0.0.1") -> GenerateReq:
+    return GenerateReq(rid=rid, input_ids=list(range(1, prompt_len + 1)),
+                       sampling_params=SamplingParams(max_new_tokens=4),
+                       bootstrap=BootstrapInfo(host=host, port=port, room=room))
+
+
+def _admit(eng: FakeEngine, msg: GenerateReq) -> Req:
+    req = Req.from_msg(msg, eng.now)
+    assert eng.pd is not None and eng.pd.admit(req, msg) is None
+    return req
+
+
+@pytest.fixture
+def pair():
+    fab = FakeFabric()
+    buf = lambda: torch.zeros(2, 2, NUM_PAGES, PAGE, 2, 8)  # noqa: E731
+    p_eng, d_eng = FakeEngine(whole_prompt=True), FakeEngine(whole_prompt=False)
+    pm = KVSenderManager(FakeKVTransport("prefill", buf(), fab), envs=ENVS, bootstrap_host="127.0.0.1",
+                         bootstrap_port=0)
+    dm = KVReceiverManager(FakeKVTransport("decode", buf(), fab), envs=ENVS)
+    p_eng.pd = PrefillSide(p_eng, pm)
+    d_eng.pd = DecodeSide(d_eng, dm, reserved_pages=0, max_running=8)
+    yield p_eng, d_eng, pm.server.port, fab
+    p_eng.pd.close()
+    d_eng.pd.close()
+
+
+def _poll_until(engines: list[FakeEngine], cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in engines:
+            e.pd.poll(e.now)  # type: ignore[union-attr]
+        if cond():
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _all_free(*engines: FakeEngine) -> None:
+    for e in engines:
+        e.pages_conserved()
+        assert e.scheduler.allocator.num_free == e.scheduler.allocator.num_usable
+
+
+def test_null_pd_queues_requests() -> None:
+    eng = FakeEngine(whole_prompt=False)
+    eng.pd = NullPD(eng)
+    msg = GenerateReq(rid="a", input_ids=[1, 2, 3], sampling_params=SamplingParams())
+    req = _admit(eng, msg)
+    assert eng.scheduler.waiting == [req] and not eng.pd.has_pending
+
+
+def test_transfer_success_parks_then_runs_on_decode(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    msg = _msg("a", room=7, port=port, prompt_len=10)
+    p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
+    assert d_req in d_eng.scheduler.parked and d_req.pages == []  # waits for pre-allocation
+    d_eng.pd.poll(0.0)
+    assert len(d_req.pages) == 3  # 10 tokens / 4 per page, registered with prefill
+    p_eng.run_prefill()  # chunk of 8: whole-prompt pages allocated, first chunk handed off
+    assert len(p_req.pages) == 3 and p_req in p_eng.scheduler.waiting
+    p_eng.run_prefill()  # last chunk: first token sampled, request parked with its pages
+    assert p_req in p_eng.scheduler.parked and p_req.state is ReqState.PARKED
+    p_eng.pages_conserved()
+    _poll_until([p_eng, d_eng], lambda: "a" in p_eng.answers and d_req in d_eng.scheduler.running, "transfer")
+    assert p_eng.answers["a"] == ({"type": "length", "length": 1}, 0)
+    assert d_req.kv_len == 10 and d_req.output_ids == [5] and d_eng.streamed["a"] == [5]
+    _all_free(p_eng)
+    d_eng.finish(d_req, {"type": "length"})
+    _all_free(d_eng)
+
+
+def test_decode_abort_quarantines_pages_until_prefill_confirms(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    msg = _msg("a", room=8, port=port)
+    p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
+    d_eng.pd.poll(0.0)
+    p_eng.run_prefill()  # first chunk in flight
+    _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[8].state.acked_at is not None, "ack")
+    d_eng.pd.abort(d_req, 0.1)
+    d_eng.finish(d_req, {"type": "abort"})
+    assert len(d_eng.scheduler.quarantine[8]) == 3 and d_req.pages == []
+    assert d_eng.scheduler.allocator.num_free == d_eng.scheduler.allocator.num_usable - 3
+    # a new request may not reuse the room while prefill may still write into those pages
+    again = _msg("b", room=8, port=port)
+    err = d_eng.pd.admit(Req.from_msg(again, 0.1), again)
+    assert err is not None and "winding down" in err
+    d_eng.pages_conserved()
+    _poll_until([p_eng, d_eng], lambda: "a" in p_eng.answers and not d_eng.scheduler.quarantine, "abort ack")
+    assert p_eng.answers["a"][1] == 502  # prefill's request failed with the transfer
+    _all_free(p_eng, d_eng)
+
+
+def test_prefill_abort_fails_decode_room(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    msg = _msg("a", room=9, port=port)
+    p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
+    d_eng.pd.poll(0.0)
+    p_eng.run_prefill()
+    _poll_until([p_eng, d_eng], lambda: p_eng.pd.mgr.rooms[9].state.bootstrapped, "register")
+    p_eng.pd.abort(p_req, 0.1)
+    p_eng.finish(p_req, {"type": "abort"})
+    _all_free(p_eng)
+    _poll_until([p_eng, d_eng], lambda: "a" in d_eng.answers and not d_eng.scheduler.quarantine, "decode fail")
+    assert d_eng.answers["a"][1] in (502, 503)
+    _all_free(d_eng)
+
+
+def test_decode_waiting_timeout_fails_and_frees(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    msg = _msg("a", room=10, port=port)
+    _admit(p_eng, msg)
+    _admit(d_eng, msg)  # prefill never computes it: decode's KV never comes
+    d_eng.pd.poll(0.0)
+    _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[10].state.acked_at is not None, "ack")
+    d_eng.now = ENVS.waiting_timeout + 1.0
+    _poll_until([d_eng], lambda: "a" in d_eng.answers, "waiting timeout")
+    assert "KV transfer failed" in d_eng.answers["a"][0]["message"]
+    p_eng.now = d_eng.now
+    _poll_until([p_eng, d_eng], lambda: not d_eng.scheduler.quarantine, "quarantine release", timeout=10)
+    _all_free(d_eng)
+
+
+def test_prefill_peer_loss_fails_decode_room(pair) -> None:
+    p_eng, d_eng, port, fab = pair
+    msg = _msg("a", room=11, port=port)
+    _admit(d_eng, msg)
+    d_eng.pd.poll(0.0)
+    _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[11].state.acked_at is not None, "ack")
+    p_eng.pd.close()  # the prefill server is gone: no heartbeat replies
+    fab.kill("prefill")
+    for step in range(1, 12):
+        d_eng.now = step * 0.5
+        d_eng.pd.poll(d_eng.now)
+        time.sleep(0.005)
+    assert "a" in d_eng.answers and d_eng.answers["a"][1] in (502, 503)
+    _all_free(d_eng)
+
+
+def test_bad_bootstrap_host_fails_only_that_room(pair) -> None:
+    _, d_eng, port, _ = pair
+    bad, good = _msg("bad", room=1, port=port, host="x y"), _msg("good", room=2, port=port)
+    _admit(d_eng, bad)
+    good_req = _admit(d_eng, good)
+    _poll_until([d_eng], lambda: "bad" in d_eng.answers, "bad host failure")
+    assert d_eng.answers["bad"][1] >= 400
+    assert good_req.bootstrap_room in d_eng.pd.transferring  # the other request went on
+    d_eng.pages_conserved()
+
+
+def test_decode_respects_max_running_requests(pair) -> None:
+    _, d_eng, port, _ = pair
+    d_eng.pd.max_running = 1
+    a, b = _admit(d_eng, _msg("a", 3, port)), _admit(d_eng, _msg("b", 4, port))
+    d_eng.pd.poll(0.0)
+    assert list(d_eng.pd.transferring.values()) == [a] and list(d_eng.pd.prealloc) == [b]
+    assert b.pages == []
+    d_eng.pages_conserved()
