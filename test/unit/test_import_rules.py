@@ -10,18 +10,21 @@ PKG = ROOT / "python" / "sglang_pd"
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (functions included). ``from a import b``
+    yields both ``a`` and ``a.b``, so ``from sglang_pd import engine`` counts as the engine."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 
-def _violations(folder: Path, forbidden: tuple[str, ...]) -> list[str]:
+def _violations(where: Path, forbidden: tuple[str, ...]) -> list[str]:
     bad = []
-    for path in folder.rglob("*.py"):
+    for path in ([where] if where.is_file() else where.rglob("*.py")):
         for name in _imports(path):
             if any(name == f or name.startswith(f + ".") for f in forbidden):
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
@@ -46,4 +49,32 @@ def test_router_has_no_torch_or_server_internals() -> None:
 
 
 def test_protocol_is_plain_data() -> None:
-    assert _imports(PKG / "protocol.py") <= {"__future__", "typing", "msgspec"}
+    assert {n.split(".")[0] for n in _imports(PKG / "protocol.py")} <= {"__future__", "typing", "msgspec"}
+
+
+TORCH_FREE_MECHANISM = ("torch", "zmq", "sglang_pd.models", "sglang_pd.disaggregation",
+                        "sglang_pd.entrypoints", "sglang_pd.frontend", "sglang_pd.engine.engine_core",
+                        "sglang_pd.engine.model_runner", "sglang_pd.engine.forward_batch")
+
+
+def test_scheduler_and_allocator_are_torch_free() -> None:
+    """The simulator drives the very same Scheduler: it may not pull torch or the runtime."""
+    for name in ("scheduler.py", "page_allocator.py"):
+        assert _violations(PKG / "engine" / name, TORCH_FREE_MECHANISM) == []
+
+
+def test_sim_is_torch_free() -> None:
+    assert _violations(PKG / "sim", TORCH_FREE_MECHANISM) == []
+
+
+def test_models_know_no_loop_or_http() -> None:
+    forbidden = ("zmq", "fastapi", "uvicorn", "aiohttp", "asyncio", "sglang_pd.engine.engine_core",
+                 "sglang_pd.engine.scheduler", "sglang_pd.engine.engine_process", "sglang_pd.frontend",
+                 "sglang_pd.entrypoints", "sglang_pd.scheduling", "sglang_pd.disaggregation")
+    assert _violations(PKG / "models", forbidden) == []
+
+
+def test_from_package_import_module_form_is_caught(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from sglang_pd import engine\n")
+    assert "sglang_pd.engine" in _imports(bad)

@@ -104,3 +104,115 @@ def test_retracted_request_resumes_without_resampling() -> None:
     step = sched.schedule(0.0)
     assert sched.after_extend(step.plan) == []  # no new first token for a resumed request
     assert r in sched.running and r.output_ids == [7, 8, 9]
+
+
+# ---------------------------------------------------------------- progress, hold, mixed, profile
+def test_partial_prefill_gives_way_to_a_running_decode() -> None:
+    """Issue 22 item 2: a partly prefilled waiting request held the pages the running request
+    needed to decode; nothing was scheduled and the engine spun forever."""
+    sched = _sched(num_pages=9, page_size=4, chunk=8)  # 8 usable pages = 32 tokens
+    a = _req("a", 7, 20, 0.0)
+    sched.add(a)
+    sched.after_extend(sched.schedule(0.0).plan)
+    a.output_ids.append(7)  # a runs with 7 tokens of KV in 2 pages
+    b = _req("b", 24, 2, 1.0)  # fits the pool alone, not beside a's growing KV
+    sched.add(b)
+    # b's chunks take the free pages (headroom of one page for a) while a decodes
+    for _ in range(30):
+        step = sched.schedule(1.0)
+        if step is None:
+            assert sched.unblock(1.0) == []  # no victim: it frees pages instead
+            continue
+        if step.mode is ForwardMode.EXTEND:
+            for r in sched.after_extend(step.plan):
+                r.output_ids.append(7)
+        else:
+            sched.after_decode(step.reqs)
+            for r in step.reqs:
+                r.output_ids.append(7)
+                if len(r.output_ids) >= r.params.max_new_tokens:
+                    sched.remove(r)
+        sched.check_integrity()
+        if not sched.has_work:
+            break
+    assert len(a.output_ids) == 20  # a finished: decode always got its page
+    assert sched.num_preempted_prefills > 0
+
+
+def test_unblock_frees_partial_prefills_before_aborting_a_retracted_head() -> None:
+    """Issue 22 item 2: a retracted request (no pages) ahead of a partial one must not be
+    aborted as "needs more KV memory than the pool": the partial gives its pages back."""
+    sched = _sched(num_pages=9, page_size=4, chunk=16)
+    head, partial = _req("head", 20, 4, 0.0), _req("partial", 30, 4, 1.0)
+    sched.add(partial)
+    sched.after_extend(sched.schedule(0.0).plan)  # partial takes 16 tokens = 4 pages
+    head.output_ids.append(7)
+    head.num_retractions = 1
+    sched.add(head)  # retracted earlier: arrival 0 puts it first; needs 5 pages, 4 free
+    sched.allocator.alloc(1)  # pretend a page is taken elsewhere so head cannot fit beside partial
+    assert sched.schedule(2.0) is None
+    assert sched.unblock(2.0) == [] and partial.pages == []  # the partial gave way, nobody aborted
+
+
+def test_unblock_waits_for_parked_and_quarantined_pages() -> None:
+    """Issue 22 item 3: pages held by transfers come back on their own: never abort for them."""
+    sched = _sched(num_pages=9, page_size=4, chunk=32)
+    parked = _req("parked", 24, 4, 0.0)
+    sched.park(parked, num_pages=6)
+    big = _req("big", 20, 4, 1.0)
+    sched.add(big)
+    assert sched.schedule(1.0) is None
+    assert sched.unblock(1.0) == []  # 6 pages are in flight: wait
+    sched.remove(parked)
+    assert sched.schedule(1.0) is not None  # now it fits
+    too_big = _req("too-big", 40, 4, 2.0)
+    sched.add(too_big)
+    sched.remove(big)
+    first = sched.schedule(2.0)
+    assert first.plan == [(too_big, 32)]  # its first chunk fits, the rest never will
+    sched.after_extend(first.plan)
+    assert sched.schedule(2.0) is None
+    [(victim, why)] = sched.unblock(2.0)
+    assert victim is too_big and "pool holds only 32" in why
+
+
+def test_hold_is_not_stuck() -> None:
+    from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy
+
+    class Hold(PrefillPolicy):
+        name = "hold"
+
+        def schedule(self, waiting, now, budget: PrefillBudget):
+            budget.hold_until(10.0)
+            return []
+
+    sched = _sched(num_pages=16)
+    sched.prefill_policy = Hold()
+    sched.add(_req("a", 1000, 4, 0.0))  # larger than the pool, but the policy holds
+    assert sched.schedule(1.0) is None and sched.holding(1.0) and sched.hold_deadline == 10.0
+    assert sched.unblock(1.0) == []
+    assert sched.schedule(11.0) is None and not sched.holding(11.0)
+
+
+def test_mixed_step_carries_decodes_with_a_chunk_and_profiles_it() -> None:
+    sched = _sched(num_pages=64, chunk=16, enable_mixed_chunk=True)
+    a = _req("a", 8, 10, 0.0)
+    sched.add(a)
+    sched.after_extend(sched.schedule(0.0).plan)
+    a.output_ids.append(7)
+    b = _req("b", 30, 2, 1.0)
+    sched.add(b)
+    step = sched.schedule(1.0)
+    assert step.mode is ForwardMode.MIXED and step.prefill_plan == [(b, 16)] and step.decode_reqs == [a]
+    prof = step.profile()
+    assert (prof.batch_size, prof.new_tokens, prof.num_decode) == (2, 17, 1)
+    assert (prof.context_tokens, prof.max_context_tokens) == (8, 8)  # b has no KV yet; a has 8
+    assert step.shape.bucket is None  # only pure prefill steps are padded to the grid
+
+
+def test_extend_step_shape_uses_the_bucket_grid() -> None:
+    sched = _sched(num_pages=64, chunk=64)
+    sched.add(_req("a", 30, 2, 0.0))
+    sched.add(_req("b", 20, 2, 0.0))
+    step = sched.schedule(0.0)
+    assert step.shape.num_tokens == 50 and step.shape.batch_size == 2 and step.shape.bucket == (64, 2)

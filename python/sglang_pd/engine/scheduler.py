@@ -279,7 +279,14 @@ class Scheduler:
         return the requests that can never run, with the reason (the caller aborts them).
         Nothing is returned while the policy holds or while parked/quarantined pages will
         come back on their own."""
-        if self.holding(now) or self.pending_pages:
+        if self.holding(now):
+            return []
+        never = [r for r in self.waiting if self._pages_for(r.prefill_target) > self.allocator.num_usable]
+        if never:  # larger than the whole pool (grown by its output): no amount of waiting helps
+            return [(r, f"the request needs {self._pages_for(r.prefill_target) * self.page_size} KV "
+                        f"tokens; the pool holds only {self.allocator.num_usable * self.page_size}")
+                    for r in never]
+        if self.pending_pages:
             return []
         partial = self._newest_partial_prefill()
         if partial is not None:  # pages spread over partial prefills: one gives way per call
@@ -291,14 +298,12 @@ class Scheduler:
                 return [(lone, "out of KV cache memory: the request's KV fills the whole pool")]
             return []  # the decode policy chose to wait
         if self.waiting:
-            head = self.waiting[0]
-            need = -(-head.prefill_target // self.page_size)
-            if need > self.allocator.num_usable:
-                return [(head, f"the request needs {need * self.page_size} KV tokens; the pool "
-                               f"holds only {self.allocator.num_usable * self.page_size}")]
-            return [(head, f"the prefill policy {self.prefill_policy.name!r} scheduled nothing "
-                           f"with the KV pool empty (a policy bug)")]
+            return [(self.waiting[0], f"the prefill policy {self.prefill_policy.name!r} scheduled "
+                                      f"nothing with the KV pool free (a policy bug)")]
         return []
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
 
     def observe(self, profile: StepProfile, elapsed_s: float, now: float) -> None:
         self.prefill_policy.observe(profile, elapsed_s, now)
