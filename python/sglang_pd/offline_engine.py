@@ -7,6 +7,7 @@ runner and sampler), stepping it until the submitted requests finish.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ import msgspec
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.frontend.detokenizer import IncrementalDetokenizer, OutputText
 from sglang_pd.frontend.tokenizer import TokenizerBundle, load_tokenizer
-from sglang_pd.protocol import GenerateReq, ReqOutput, SamplingParams
+from sglang_pd.protocol import GenerateReq, ReqOutput, SamplingParams, SloSpec
 from sglang_pd.server_args import ServerArgs
 
 _SAMPLING_KEYS = frozenset(SamplingParams.__struct_fields__)
@@ -34,6 +35,18 @@ def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
         raise ValueError(f"invalid sampling parameters: {exc}") from exc
 
 
+def parse_slo(slo: dict[str, float] | None) -> SloSpec | None:
+    if not slo:
+        return None
+    unknown = sorted(set(slo) - {"ttft_ms", "tpot_ms"})
+    if unknown:
+        raise ValueError(f"unknown slo keys {unknown}; allowed: ['tpot_ms', 'ttft_ms']")
+    for key, value in slo.items():
+        if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+            raise ValueError(f"slo {key} must be a positive finite number of ms, got {value!r}")
+    return SloSpec(**slo)
+
+
 class Engine:
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
         if model_path is not None:
@@ -49,14 +62,17 @@ class Engine:
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
                  input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool = False,
-                 top_logprobs_num: int = 0) -> dict[str, Any] | list[dict[str, Any]]:
+                 top_logprobs_num: int = 0, slo: dict[str, float] | None = None,
+                 ) -> dict[str, Any] | list[dict[str, Any]]:
+        """``slo``: {"ttft_ms": .., "tpot_ms": ..} for every prompt (else the engine's defaults)."""
         prompts, single = self._normalize(prompt, input_ids)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
         reqs = [GenerateReq(rid=f"offline-{next(self._ids)}", input_ids=ids,
                             sampling_params=parse_sampling_params(p), return_logprob=return_logprob,
-                            top_logprobs_num=top_logprobs_num, arrival_time=time.time())
+                            top_logprobs_num=top_logprobs_num, arrival_time=time.time(),
+                            slo=parse_slo(slo))
                 for ids, p in zip(prompts, params)]
         results = self._run(reqs)
         return results[0] if single else results

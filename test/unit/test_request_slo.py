@@ -1,0 +1,55 @@
+"""SLO defaults and deadlines (DESIGN.md section 3): a request's clock starts at the frontend's
+arrival, converted once into the engine clock; its SLO is its own, else the server default."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_pd.engine.request import MAX_FRONTEND_AGE_S, Req
+from sglang_pd.offline_engine import parse_slo
+from sglang_pd.protocol import GenerateReq, SamplingParams, SloSpec
+from sglang_pd.server_args import ServerArgs
+
+
+def _msg(arrival_time: float = 0.0, slo: SloSpec | None = None) -> GenerateReq:
+    return GenerateReq(rid="r", input_ids=[1, 2], sampling_params=SamplingParams(),
+                       arrival_time=arrival_time, slo=slo)
+
+
+def test_deadline_starts_at_the_frontend_arrival() -> None:
+    req = Req.from_msg(_msg(arrival_time=1000.0), now=50.0, wall_now=1002.5)
+    assert req.arrival == pytest.approx(47.5)  # 2.5 s queued before the engine saw it
+    assert Req.from_msg(_msg(), now=50.0, wall_now=1002.5).arrival == 50.0  # no frontend time
+    assert Req.from_msg(_msg(arrival_time=2000.0), now=50.0, wall_now=1000.0).arrival == 50.0  # skew
+    old = Req.from_msg(_msg(arrival_time=1.0), now=50.0, wall_now=1e6)
+    assert old.arrival == 50.0 - MAX_FRONTEND_AGE_S
+
+
+def test_server_defaults_apply_only_without_a_request_slo() -> None:
+    defaults = (0.5, 0.05)
+    plain = Req.from_msg(_msg(), 0.0, 0.0, defaults)
+    assert (plain.slo_ttft_s, plain.slo_tpot_s) == defaults
+    own = Req.from_msg(_msg(slo=SloSpec(ttft_ms=200.0)), 0.0, 0.0, defaults)
+    assert (own.slo_ttft_s, own.slo_tpot_s) == (0.2, 0.05)  # per field: tpot falls back
+
+
+def test_server_args_build_the_policy_config() -> None:
+    args = ServerArgs(model_path="m", slo_ttft_ms=800, slo_tpot_ms=40, enable_mixed_chunk=True,
+                      short_prefill_buckets="32,64x1,2", disaggregation_mode="prefill")
+    cfg = args.policy_config()
+    assert (cfg.slo_ttft_s, cfg.slo_tpot_s, cfg.role, cfg.enable_mixed_chunk) == (0.8, 0.04, "prefill", True)
+    assert cfg.buckets.tokens == (32, 64) and cfg.buckets.bucket(40, 2) == (64, 2)
+    with pytest.raises(ValueError, match="slo-ttft-ms"):
+        ServerArgs(model_path="m", slo_ttft_ms=float("nan"))
+    with pytest.raises(ValueError, match="decode-policy"):
+        ServerArgs(model_path="m", decode_policy="nope")
+    with pytest.raises(ValueError, match="short-prefill-buckets"):
+        ServerArgs(model_path="m", short_prefill_buckets="64,32x1")
+
+
+def test_offline_slo_is_validated() -> None:
+    assert parse_slo({"ttft_ms": 100}) == SloSpec(ttft_ms=100)
+    assert parse_slo(None) is None
+    for bad in ({"ttft": 1}, {"ttft_ms": -1}, {"tpot_ms": float("inf")}):
+        with pytest.raises(ValueError):
+            parse_slo(bad)
