@@ -126,7 +126,7 @@ def _all_free(*engines: FakeEngine) -> None:
 
 def test_null_pd_queues_requests() -> None:
     eng = FakeEngine(whole_prompt=False)
-    eng.pd = NullPD(eng)
+    eng.pd = NullPD(eng.scheduler)
     msg = GenerateReq(rid="a", input_ids=[1, 2, 3], sampling_params=SamplingParams())
     req = _admit(eng, msg)
     assert eng.scheduler.waiting == [req] and not eng.pd.has_pending

@@ -21,7 +21,7 @@ from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.page_allocator import PageAllocator
-from sglang_pd.engine.pd import PDHooks, create_pd_hooks
+from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
 from sglang_pd.engine.request import Req, ReqState
 from sglang_pd.engine.sampler import SampleOutput, sample
 from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
@@ -251,30 +251,29 @@ class EngineCore:
         """Sample one token per request (the first ``num_first`` get their first token). A
         request whose own sampling fails (its parameters) fails alone, never its batch."""
         now = self.clock()
+        self._generated.append((now, len(reqs)))
         try:
-            outs: list[SampleOutput | None] = [sample(logits, reqs, self.eos_ids)]
-            rows = [(0, i) for i in range(len(reqs))]
+            out = sample(logits, reqs, self.eos_ids)
         except Exception:
             logger.exception("batched sampling failed; sampling the %d requests one by one", len(reqs))
-            outs, rows = [], []
             for i, req in enumerate(reqs):
-                try:
-                    outs.append(sample(logits[i:i + 1], [req], self.eos_ids))
-                except Exception:
-                    logger.exception("sampling failed for request %s", req.rid)
-                    outs.append(None)
-                rows.append((i, 0))
-        self._generated.append((now, len(reqs)))
-        for i, req in enumerate(reqs):
-            which, row = rows[i]
-            out = outs[which]
-            if out is None:
-                self.pd.abort(req, now)
-                self.finish(req, {"type": "abort", "message": "sampling failed for this request"}, 500)
-                continue
-            logprob = out.logprobs[row] if out.logprobs is not None else None
-            top = out.top_logprobs[row] if out.top_logprobs is not None else None
-            self.accept_token(req, out.token_ids[row], logprob, top, now, i < num_first)
+                self._sample_one(req, logits[i:i + 1], now, i < num_first)
+            return
+        lps, tops = out.logprobs, out.top_logprobs
+        for i, (req, tok) in enumerate(zip(reqs, out.token_ids)):
+            self.accept_token(req, tok, lps[i] if lps is not None else None,
+                              tops[i] if tops is not None else None, now, i < num_first)
+
+    def _sample_one(self, req: Req, logits: torch.Tensor, now: float, first: bool) -> None:
+        try:
+            out = sample(logits, [req], self.eos_ids)
+        except Exception:
+            logger.exception("sampling failed for request %s", req.rid)
+            self.pd.abort(req, now)
+            self.finish(req, {"type": "abort", "message": "sampling failed for this request"}, 500)
+            return
+        self.accept_token(req, out.token_ids[0], out.logprobs[0] if out.logprobs is not None else None,
+                          out.top_logprobs[0] if out.top_logprobs is not None else None, now, first)
 
     def accept_token(self, req: Req, tok: int, logprob: float | None, top: list | None, now: float,
                      first: bool) -> None:
@@ -351,6 +350,7 @@ class EngineCore:
 
     def close(self) -> None:
         self.pd.close()
+        self.pd = NullPD(self.scheduler)  # PD sides point back at us: break the cycle
 
     def ready_info(self) -> EngineReady:
         return EngineReady(

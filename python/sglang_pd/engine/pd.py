@@ -72,15 +72,16 @@ class PDHooks(Protocol):
 
 @dataclass
 class NullPD:
-    """Colocated mode: requests go straight to the queues; nothing else happens."""
+    """Colocated mode: requests go straight to the queues; nothing else happens. It holds the
+    scheduler only (no engine back-reference: no cycle keeps a closed engine's KV pool alive)."""
 
-    core: PDEngine
+    scheduler: Scheduler
     role: str = "colocated"
     flush_first_tokens_early: bool = False
     has_pending: bool = False
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
-        self.core.scheduler.add(req)
+        self.scheduler.add(req)
         return None
 
     def poll(self, now: float) -> None:
@@ -332,7 +333,7 @@ def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: object, host: str, boo
                     num_reserved_decode_tokens: int, max_running: int) -> PDHooks:
     """The hooks for ``--mode``, with the NIXL transport for the PD modes."""
     if mode == "colocated":
-        return NullPD(core)
+        return NullPD(core.scheduler)
     import uuid
 
     from sglang_pd.disaggregation.envs import DisaggEnvs

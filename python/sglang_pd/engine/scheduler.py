@@ -60,7 +60,8 @@ class ScheduledStep:
         """What the step held, KV lengths read before the step advanced them."""
         contexts = [r.kv_len for r, _ in self.plan]
         return StepProfile(self.mode, len(self.plan), self.shape.num_tokens, sum(contexts),
-                           max(contexts, default=0), self.shape, total_s, forward_s, self.num_decode)
+                           max(contexts) if contexts else 0, self.shape, total_s, forward_s,
+                           self.num_decode)
 
 
 class PageAdmission:
@@ -218,6 +219,8 @@ class Scheduler:
         return None
 
     def _step(self, mode: ForwardMode, plan: list[tuple[SchedulerReq, int]], num_decode: int) -> ScheduledStep:
+        if mode is ForwardMode.DECODE:
+            return ScheduledStep(mode, plan, StepShape(len(plan), len(plan)), num_decode)
         tokens = sum(n for _, n in plan)
         bucket = self.cfg.buckets.bucket(tokens, len(plan)) if mode is ForwardMode.EXTEND else None
         return ScheduledStep(mode, plan, StepShape(len(plan), tokens, bucket), num_decode)
