@@ -22,6 +22,7 @@ from pd_utils import (
     kill_server,
     load,
     new_room,
+    pd_request,
     read_sse,
     start_all,
     start_decode,
@@ -230,3 +231,40 @@ def test_kill_prefill_after_decode_registered(pd) -> None:
     _assert_error(decode_result, (502,), "heartbeat")
     assert after_kill <= HEARTBEAT_S + SLACK_S, after_kill
     wait_free_pages(d_url, pd.total_pages[d_url], timeout=HEARTBEAT_S * 3 + SLACK_S)
+
+
+# ---------------------------------------------------------------- issue 22 (hardening)
+@pytest.mark.parametrize("host", ["x y", "a/b"])
+def test_bad_bootstrap_host_fails_one_request_not_the_decode_server(pd, host: str) -> None:
+    """Issue 22 item 1: the ZMQ connect raised inside the engine loop and the decode died."""
+    d_url = pd.decode.base_url
+    body = with_bootstrap({"input_ids": LONG_PROMPT[:40], "sampling_params": SAMPLING}, pd.prefill,
+                          host=host)
+    r = httpx.post(d_url + "/generate", json=body, timeout=30)
+    assert 400 <= r.status_code < 600 and r.status_code != 500, (r.status_code, r.text)
+    assert "bootstrap" in r.text.lower() or "prefill" in r.text.lower(), r.text
+    assert pd.decode.proc.poll() is None and httpx.get(d_url + "/health", timeout=5).status_code == 200
+    wait_free_pages(d_url, pd.total_pages[d_url], timeout=SLACK_S)
+
+    async def normal() -> None:  # the server still serves PD requests
+        async with async_client() as client:
+            res = await pd_request(client, pd.prefill, d_url,
+                                   {"input_ids": LONG_PROMPT[:40], "sampling_params": SAMPLING})
+            assert res.decode_status == 200 and len(res.decode_body["output_ids"]) == 8
+
+    asyncio.run(normal())
+
+
+def test_max_new_tokens_zero_produces_no_token_in_pd(pd) -> None:
+    """Issue 22 item 7: both halves answer at once with zero tokens; nothing is transferred."""
+    body = {"input_ids": LONG_PROMPT[:40], "sampling_params": {"max_new_tokens": 0}}
+
+    async def run():
+        async with async_client() as client:
+            return await pd_request(client, pd.prefill, pd.decode.base_url, body)
+
+    t0 = time.monotonic()
+    res = asyncio.run(run())
+    assert res.prefill_status == 200 and res.decode_status == 200, (res.prefill_body, res.decode_body)
+    assert res.decode_body["output_ids"] == [] and res.decode_body["meta_info"]["completion_tokens"] == 0
+    assert time.monotonic() - t0 < TIMEOUT_S  # no bootstrap wait on either side
