@@ -1,0 +1,271 @@
+"""Hostile-input fuzzer for a running server: no request may get a 5xx, kill the engine, or leak.
+
+Cases are valid bodies of /generate, /v1/completions, /v1/chat/completions and /abort_request
+with one field (top level or inside sampling_params / messages) replaced by a hostile value
+(wrong types, strings for booleans, NaN, huge and tiny numbers, huge strings and lists, deep
+nesting), fields dropped, unknown fields added, and raw bodies (broken JSON, NaN literals,
+non-objects, invalid UTF-8, oversized). Afterwards the server must answer /health and have
+every KV page free again. Deterministic for a seed.
+
+  python -m sglang_pd.tools.fuzz_http --url http://127.0.0.1:30000 --cases 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+NAN = float("nan")
+HOSTILE: list[Any] = [
+    None, True, False, "yes", "false", "", "x" * 200_000, -1, 0, 1, 2**31, 2**63, -(2**63), 10**30,
+    1e308, -1e308, 1e-45, 1e-38, 5e-324, NAN, float("inf"), float("-inf"), 0.5, -0.5, "NaN", "1",
+    [], [[]], [None], list(range(50_000)), {}, {"a": 1}, ["a", 7, None], "\u0000\ufffd\U0001F600",
+    [""] * 1000, ["x" * 5000] * 40, {"type": "json_object"}, [{"role": "user"}], 7000, 100_000,
+    {"tools": [], "messages": [], "add_generation_prompt": False}, "required", "none", "auto",
+]
+SAMPLING_KEYS = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                 "presence_penalty", "repetition_penalty", "min_new_tokens", "stop", "stop_token_ids",
+                 "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                 "seed", "n", "regex", "json_schema", "ebnf"]
+
+
+@dataclass
+class Case:
+    method: str
+    path: str
+    body: bytes
+    what: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _bases(model: str, pd: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    sp = {"max_new_tokens": 4, "temperature": 0}
+    return {
+        "/generate": {"text": "The river flows", "sampling_params": sp, **pd},
+        "/v1/completions": {"model": model, "prompt": "The river flows", "max_tokens": 4,
+                            "temperature": 0, **pd},
+        "/v1/chat/completions": {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                 "max_tokens": 4, "temperature": 0, **pd},
+        "/abort_request": {"rid": "nope"},
+    }
+
+
+EXTRA_KEYS = {
+    "/generate": ["input_ids", "stream", "return_logprob", "top_logprobs_num", "rid", "slo",
+                  "bootstrap_host", "bootstrap_port", "bootstrap_room", "logprob_start_len",
+                  "return_text_in_logprobs", "image_data", "lora_path"],
+    "/v1/completions": ["n", "stream", "logprobs", "echo", "stop", "seed", "best_of", "suffix",
+                        "logit_bias", "stream_options", "response_format", "regex", "json_schema",
+                        "ebnf", "top_p", "presence_penalty", "frequency_penalty", "user",
+                        "min_tokens", "ignore_eos", "chat_template_kwargs", "guided_json"],
+    "/v1/chat/completions": ["n", "stream", "logprobs", "top_logprobs", "stop", "seed", "tools",
+                             "tool_choice", "functions", "function_call", "response_format",
+                             "chat_template_kwargs", "max_completion_tokens", "stream_options",
+                             "top_p", "regex", "guided_regex", "separate_reasoning"],
+    "/abort_request": ["rid", "abort_all"],
+}
+
+
+def _dump(body: Any) -> bytes:
+    return json.dumps(body, allow_nan=True).encode()
+
+
+def make_cases(n: int, seed: int, model: str, pd: dict[str, Any]) -> list[Case]:
+    rng = random.Random(seed)
+    bases = _bases(model, pd)
+    raw = [b"", b"{", b"[]", b"null", b"42", b'"text"', b'{"text": NaN}', b'{"text": Infinity}',
+           b'{"text": "\xff\xfe"}', b'{"text": "\\ud800"}', b"\xff" * 100, b'{"a": ' * 5000 + b'1' + b'}' * 5000,
+           b'{"text": "a", "text": 5}', b" " * 10, b'{"sampling_params": []}']
+    cases: list[Case] = []
+    for path in bases:
+        for body in raw:
+            cases.append(Case("POST", path, body, f"raw {body[:30]!r}"))
+    cases.append(Case("POST", "/generate", b'{"text": "' + b"a" * (40 << 20) + b'"}', "40 MB body"))
+    gen, comp, chat = bases["/generate"], bases["/v1/completions"], bases["/v1/chat/completions"]
+    targeted: list[tuple[str, dict[str, Any]]] = [  # classes of bugs found by hand (issue 22)
+        *[("/generate", {**gen, "return_logprob": True, "top_logprobs_num": k}) for k in (7000, 10**6, -1)],
+        *[("/v1/completions", {**comp, "logprobs": k}) for k in (7000, 10**6, -1, True)],
+        *[("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": k}) for k in (7000, -1, "3")],
+        *[("/v1/chat/completions", {**chat, "chat_template_kwargs": {k: []}})
+          for k in ("tools", "messages", "add_generation_prompt", "documents")],
+        ("/generate", {**gen, "sampling_params": {"stop": ["ab"] * 10_000}}),
+        ("/generate", {**gen, "sampling_params": {"stop": ["x" * (1 << 20)]}}),
+        ("/generate", {**gen, "sampling_params": {"n": 10**6}}),
+        ("/generate", {**gen, "text": ["hi"] * 100_000}),
+        ("/generate", {**gen, "sampling_params": {"temperature": 1e-38, "max_new_tokens": 2}}),
+        ("/generate", {**gen, "sampling_params": {"top_p": 1e-38, "max_new_tokens": 2}}),
+        ("/generate", {**gen, "return_logprob": "yes"}),
+        ("/v1/completions", {**comp, "response_format": {"type": "json_object"}}),
+        ("/v1/completions", {**comp, "regex": "[a-z]+"}),
+        ("/v1/chat/completions", {**chat, "tool_choice": "required", "tools": []}),
+        ("/v1/chat/completions", {**chat, "functions": [{"name": "f"}]}),
+        ("/abort_request", {"abort_all": "false"}),
+    ]
+    for path, body in targeted:
+        cases.append(Case("POST", path, _dump(body), "targeted " + _short(body)[:60]))
+    for hdr in ({"x-slo-ttft-ms": "nan"}, {"x-slo-tpot-ms": "-1"}, {"x-slo-ttft-ms": "1e400"},
+                {"content-type": "text/plain"}):
+        cases.append(Case("POST", "/generate", _dump(bases["/generate"]), f"header {hdr}", hdr))
+    for path in ("/get_load", "/get_server_info", "/v1/models", "/health_generate", "/metrics",
+                 "/get_model_info", "/nope", "/generate"):
+        cases.append(Case("GET", path + "?x=" + "y" * rng.randint(0, 3000), b"", f"GET {path}"))
+    while len(cases) < n:
+        path = rng.choice(list(bases))
+        body = json.loads(json.dumps(bases[path]))
+        kind = rng.random()
+        value = rng.choice(HOSTILE)
+        if kind < 0.3:
+            key = rng.choice(list(body) + EXTRA_KEYS[path])
+            body[key] = value
+            what = f"{key}={_short(value)}"
+        elif kind < 0.55 and path == "/generate":
+            key = rng.choice(SAMPLING_KEYS)
+            body["sampling_params"] = {**body["sampling_params"], key: value}
+            what = f"sampling_params.{key}={_short(value)}"
+        elif kind < 0.65 and path == "/v1/chat/completions":
+            msg_key = rng.choice(["role", "content", "name", "tool_calls"])
+            body["messages"] = [{"role": "user", "content": "Hi", msg_key: value}]
+            what = f"messages[0].{msg_key}={_short(value)}"
+        elif kind < 0.75 and body:
+            key = rng.choice(list(body))
+            del body[key]
+            what = f"drop {key}"
+        elif kind < 0.85:
+            # two hostile fields at once, one of them possibly streaming
+            for _ in range(2):
+                key = rng.choice(list(body) + EXTRA_KEYS[path])
+                body[key] = rng.choice(HOSTILE)
+            body["stream"] = rng.random() < 0.5
+            what = "two fields + stream"
+        else:
+            body[f"unknown_{rng.randint(0, 99)}"] = value
+            what = "unknown field"
+        cases.append(Case("POST", path, _dump(body), what))
+    return cases[:n]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) < 40 else text[:37] + "..."
+
+
+@dataclass
+class Result:
+    status: int
+    case: Case
+    error: str = ""
+
+
+async def _send(session: aiohttp.ClientSession, base: str, case: Case, timeout: float,
+                prefill: str | None = None) -> Result:
+    """With ``prefill`` (PD), the same body also goes there, as a router sends it."""
+    if prefill is not None and case.method == "POST" and case.path != "/abort_request":
+        res, _ = await asyncio.gather(_send(session, base, case, timeout),
+                                      _send(session, prefill, case, timeout))
+        return res  # the decode half is what the client sees; the prefill half must not hang it
+    headers = {"content-type": "application/json", **case.headers}
+    try:
+        async with session.request(case.method, base + case.path, data=case.body or None, headers=headers,
+                                   timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            await resp.read()  # streams included: drain to the end
+            return Result(resp.status, case)
+    except asyncio.TimeoutError:
+        return Result(-1, case, "client timeout")
+    except aiohttp.ClientError as exc:
+        return Result(-2, case, f"{type(exc).__name__}: {exc}")
+
+
+async def _free_pages(session: aiohttp.ClientSession, base: str) -> tuple[int, int]:
+    async with session.get(base + "/get_load") as resp:
+        body = await resp.json()
+    load = body[0] if isinstance(body, list) else body
+    return int(load["num_free_pages"]), int(load["num_total_pages"])
+
+
+async def run_fuzz(base: str, n: int, seed: int = 0, concurrency: int = 8, timeout: float = 120.0,
+                   pd: dict[str, Any] | None = None, prefill: str | None = None,
+                   progress: bool = True) -> dict[str, Any]:
+    """Run ``n`` cases against ``base``; return a summary (failures listed)."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base + "/v1/models") as resp:
+            model = (await resp.json())["data"][0]["id"]
+        free0, total = await _free_pages(session, base)
+        cases = make_cases(n, seed, model, pd or {})
+        if pd:  # a fresh room per case (a hostile mutation may still set its own)
+            rooms = random.Random(seed + 1)
+            for c in cases:
+                c.body = c.body.replace(b'"bootstrap_room": 12345', b'"bootstrap_room": %d'
+                                        % rooms.randrange(1, 2**62))
+        sem = asyncio.Semaphore(concurrency)
+        done = 0
+        t0 = time.monotonic()
+
+        async def one(case: Case) -> Result:
+            nonlocal done
+            async with sem:
+                res = await _send(session, base, case, timeout, prefill)
+            done += 1
+            if progress and done % 200 == 0:
+                print(f"  {done}/{len(cases)} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            return res
+
+        results = await asyncio.gather(*(one(c) for c in cases))
+        deadline = time.monotonic() + 30
+        free = -1
+        while time.monotonic() < deadline:  # aborted streams give their pages back shortly
+            free, _ = await _free_pages(session, base)
+            if free == free0:
+                break
+            await asyncio.sleep(0.2)
+        async with session.get(base + "/health") as resp:
+            healthy = resp.status == 200
+    bad = [r for r in results if r.status >= 500 or r.status < 0]
+    by_status: dict[int, int] = {}
+    for r in results:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    return {"cases": len(results), "by_status": dict(sorted(by_status.items())),
+            "failures": [{"status": r.status, "path": r.case.path, "what": r.case.what, "error": r.error}
+                         for r in bad],
+            "free_pages_before": free0, "free_pages_after": free, "total_pages": total,
+            "healthy_after": healthy, "wall_s": time.monotonic() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--cases", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--bootstrap", help="HOST:PORT of a prefill's bootstrap server: add PD fields")
+    ap.add_argument("--prefill-url", help="send each PD body to this prefill too (as a router does)")
+    ap.add_argument("--json", help="write the summary here")
+    args = ap.parse_args()
+    pd: dict[str, Any] = {}
+    if args.bootstrap:
+        host, _, port = args.bootstrap.rpartition(":")
+        pd = {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": 12345}
+    summary = asyncio.run(run_fuzz(args.url.rstrip("/"), args.cases, args.seed, args.concurrency, pd=pd,
+                                    prefill=args.prefill_url.rstrip("/") if args.prefill_url else None))
+    for f in summary["failures"][:50]:
+        print(f"  FAIL {f['status']} {f['path']} {f['what']} {f['error']}")
+    print(f"{summary['cases']} cases in {summary['wall_s']:.0f} s; statuses {summary['by_status']}; "
+          f"{len(summary['failures'])} failures (5xx, timeouts, dropped connections); free pages "
+          f"{summary['free_pages_before']} -> {summary['free_pages_after']} of {summary['total_pages']}; "
+          f"healthy after: {summary['healthy_after']}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary, fh, indent=1)
+    sys.exit(0 if not summary["failures"] and summary["healthy_after"]
+             and summary["free_pages_after"] == summary["free_pages_before"] else 1)
+
+
+if __name__ == "__main__":
+    main()
