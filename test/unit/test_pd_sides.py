@@ -220,14 +220,24 @@ def test_prefill_peer_loss_fails_decode_room(pair) -> None:
 
 
 def test_bad_bootstrap_host_fails_only_that_room(pair) -> None:
+    """Issue 22 item 1: the ZMQ connect to "x y" raised inside poll and killed the engine."""
     _, d_eng, port, _ = pair
     bad, good = _msg("bad", room=1, port=port, host="x y"), _msg("good", room=2, port=port)
-    _admit(d_eng, bad)
+    err = d_eng.pd.admit(Req.from_msg(bad, 0.0), bad)
+    assert err is not None and "not a valid hostname" in err  # a 400 at admission
     good_req = _admit(d_eng, good)
-    _poll_until([d_eng], lambda: "bad" in d_eng.answers, "bad host failure")
-    assert d_eng.answers["bad"][1] >= 400
+    d_eng.pd.poll(0.0)
     assert good_req.bootstrap_room in d_eng.pd.transferring  # the other request went on
     d_eng.pages_conserved()
+
+
+def test_unreachable_prefill_fails_the_room_and_frees_its_pages(pair) -> None:
+    _, d_eng, _, _ = pair
+    req = _admit(d_eng, _msg("lost", room=5, port=1))  # nothing listens on port 1
+    _poll_until([d_eng], lambda: req.pages or "lost" in d_eng.answers, "registration")
+    d_eng.pd.abort(req, 0.0)
+    d_eng.finish(req, {"type": "abort"})
+    d_eng.pages_conserved()  # quarantined until the transfer layer says the pages are safe
 
 
 def test_decode_respects_max_running_requests(pair) -> None:

@@ -31,11 +31,16 @@ import msgspec
 import zmq
 
 from sglang_pd.disaggregation import messages as m
+from sglang_pd.disaggregation.addr import is_ipv6, tcp_endpoint
 from sglang_pd.disaggregation.kv_layout import KVLayout
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BOOTSTRAP_PORT = 8998
+# Messages a decode queues per prefill connection (ZMQ SNDHWM). A prefill that is unreachable
+# or not reading fills it; then new rooms for it fail at once (Failure.UNREACHABLE) until its
+# missed heartbeats drop the connection, instead of the queue growing without bound.
+MAX_QUEUED_PER_PEER = 1024
 
 
 @dataclass(frozen=True)
@@ -139,14 +144,20 @@ class BootstrapServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         while not self._stop.is_set():
-            poller.poll(timeout=5)
-            while True:
-                try:
-                    self._send(*self._outbox.get_nowait())
-                except queue.Empty:
-                    break
-            for ev in self._pump(time.monotonic()):
-                self._inbox.put(ev)
+            try:
+                poller.poll(timeout=5)
+                while True:
+                    try:
+                        self._send(*self._outbox.get_nowait())
+                    except queue.Empty:
+                        break
+                for ev in self._pump(time.monotonic()):
+                    self._inbox.put(ev)
+            except Exception:  # one bad message must not silence the server (decodes would
+                if self._stop.is_set():  # declare this prefill dead)
+                    return
+                logger.exception("bootstrap server: error in its loop; continuing")
+                time.sleep(0.01)
 
     def _send(self, client_id: str, msg: m.Message) -> None:
         try:
@@ -173,17 +184,12 @@ class BootstrapServer:
                 logger.warning("bootstrap: undecodable message from %s: %s", client_id, e)
                 continue
             self._last_seen[client_id] = now
-            if isinstance(msg, m.Heartbeat):
-                self._send(client_id, m.HeartbeatAck(seq=msg.seq, sent_at=msg.sent_at))
-            elif isinstance(msg, m.Register):
-                reason = self._check_register(client_id, msg)
-                if reason is None:
-                    events.append(Incoming(client_id, msg))
-                else:
-                    self._send(client_id, m.RegisterRefused(room=msg.room, reason=reason))
-                    events.append(Refused(client_id, msg.room, reason))
-            else:
-                events.append(Incoming(client_id, msg))
+            try:
+                self._handle(client_id, msg, events)
+            except Exception:  # one bad message must not cost the others (or the thread)
+                logger.exception(
+                    "bootstrap: error handling %s from %s", type(msg).__name__, client_id
+                )
         for client_id, seen in list(self._last_seen.items()):
             if now - seen > self.silence_limit:
                 del self._last_seen[client_id]
@@ -191,6 +197,19 @@ class BootstrapServer:
                     PeerDead(client_id, [], f"decode {client_id} silent for {now - seen:.1f}s")
                 )
         return events
+
+    def _handle(self, client_id: str, msg: m.Message, events: list[Event]) -> None:
+        if isinstance(msg, m.Heartbeat):
+            self._send(client_id, m.HeartbeatAck(seq=msg.seq, sent_at=msg.sent_at))
+        elif isinstance(msg, m.Register):
+            reason = self._check_register(client_id, msg)
+            if reason is None:
+                events.append(Incoming(client_id, msg))
+            else:
+                self._send(client_id, m.RegisterRefused(room=msg.room, reason=reason))
+                events.append(Refused(client_id, msg.room, reason))
+        else:
+            events.append(Incoming(client_id, msg))
 
     def _check_register(self, client_id: str, reg: m.Register) -> str | None:
         if reg.version != m.PROTOCOL_VERSION:
@@ -231,37 +250,69 @@ class BootstrapClient:
         *,
         heartbeat_interval: float = 5.0,
         heartbeat_max_failure: int = 2,
+        max_queued: int = MAX_QUEUED_PER_PEER,
     ) -> None:
         self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_max_failure = heartbeat_max_failure
+        self.max_queued = max_queued
         self._links: dict[str, _Link] = {}
         self._room_addr: dict[int, str] = {}
         self._seq = 0
 
-    def _link(self, host: str, port: int, now: float) -> _Link:
-        addr = f"{host}:{port}"
+    def _link(self, host: str, port: int, now: float) -> _Link | str:
+        """The connection to a prefill, made on first use; a str says why it cannot be made."""
+        try:
+            endpoint = tcp_endpoint(host, port)
+        except ValueError as e:
+            return str(e)
+        addr = endpoint.removeprefix("tcp://")
         link = self._links.get(addr)
         if link is None:
             sock = _ctx().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTING_ID, self.client_id.encode())
-            sock.connect(f"tcp://{host}:{port}")
+            try:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, self.max_queued)
+                sock.setsockopt(zmq.ROUTING_ID, self.client_id.encode())
+                if is_ipv6(host):
+                    sock.setsockopt(zmq.IPV6, 1)
+                sock.connect(endpoint)
+            except zmq.ZMQError as e:
+                sock.close(linger=0)
+                return f"cannot connect to prefill bootstrap server {endpoint}: {e}"
             link = self._links[addr] = _Link(addr, sock, next_hb=now)
         return link
 
-    def register(self, host: str, port: int, reg: m.Register, now: float | None = None) -> None:
+    def register(
+        self, host: str, port: int, reg: m.Register, now: float | None = None
+    ) -> str | None:
+        """Send the room's Register. None once queued; else why not (bad address, or the
+        prefill's send queue is full): nothing was sent, and only this room is affected."""
         if reg.client_id != self.client_id:
             raise ValueError(
                 f"Register.client_id {reg.client_id!r} must be this client's id {self.client_id!r}"
             )
+        return self._send_for_room(host, port, reg.room, reg, now)
+
+    def claim(self, host: str, port: int, room: int, now: float | None = None) -> str | None:
+        """Tell the prefill this decode holds ``room`` (its Register comes later). Like
+        ``register``: None once queued, else why not. The room's PeerDead reports include it."""
+        return self._send_for_room(host, port, room, m.Claim(room, self.client_id), now)
+
+    def _send_for_room(
+        self, host: str, port: int, room: int, msg: m.Message, now: float | None
+    ) -> str | None:
         link = self._link(host, port, time.monotonic() if now is None else now)
-        link.rooms.add(reg.room)
-        self._room_addr[reg.room] = link.addr
-        if not self._try_send(link, reg):
-            raise RuntimeError(
-                f"bootstrap: send queue to prefill {link.addr} is full; it is not draining"
+        if isinstance(link, str):
+            return link
+        if not self._try_send(link, msg):
+            return (
+                f"prefill {link.addr} is not reading its bootstrap connection "
+                f"({self.max_queued} messages already queued to it): it is down or overloaded"
             )
+        link.rooms.add(room)
+        self._room_addr[room] = link.addr
+        return None
 
     def abort(self, room: int, reason: str) -> None:
         """Tell the room's prefill to stop; expect an AbortAck."""
@@ -286,6 +337,11 @@ class BootstrapClient:
             link.sock.send(m.encode(msg), flags=zmq.NOBLOCK)
             return True
         except zmq.Again:  # high-water mark reached: the peer is not reading
+            return False
+        except zmq.ZMQError as e:
+            logger.warning(
+                "bootstrap: sending %s to %s failed: %s", type(msg).__name__, link.addr, e
+            )
             return False
 
     def forget(self, room: int) -> None:

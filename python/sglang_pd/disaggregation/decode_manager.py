@@ -1,13 +1,18 @@
 """Decode-side glue: bootstrap client + KV transport + one KVReceiverState per room.
 
 The engine calls, from its loop thread only:
+  room_in_use(room) -> bool                                  at admission: refuse a duplicate
+  expect(room, bootstrap_host, bootstrap_port, now)          request admitted, pages not yet
   add_request(room, bootstrap_host, bootstrap_port, dst_pages, now)   pages reserved
-  abort(room, reason, now)                                            request cancelled
-  poll(now) -> list[RoomUpdate]                                       every iteration
+  abort(room, reason, now)                                   request cancelled
+  poll(now) -> list[RoomUpdate]                              every iteration
 
-A room is reported when it reaches Success (its KV is in dst_pages: start
-decoding) or Failed, and reported again with pages_releasable=True if its
-pages had to be quarantined first (a prefill write might still have landed).
+No per-room problem raises: ``expect`` and ``add_request`` return a Failed RoomUpdate (the
+manager then holds nothing for that call, and the caller's pages are free at once) or None.
+A room is reported by poll() when it reaches Success (its KV is in dst_pages: start decoding)
+or Failed, and reported again with pages_releasable=True if its pages had to be quarantined
+first (a prefill write might still land). A room that was only expected (no pages yet) can be
+reported Failed too: its prefill died or failed the room; the engine should drop the request.
 Decode is the passive side of the WRITE; its transport never adds peers.
 """
 
@@ -17,9 +22,10 @@ import logging
 from dataclasses import dataclass
 
 from sglang_pd.disaggregation import messages as m
+from sglang_pd.disaggregation.addr import validate_bootstrap_addr
 from sglang_pd.disaggregation.bootstrap import BootstrapClient, Incoming, PeerDead, Refused
 from sglang_pd.disaggregation.envs import DisaggEnvs
-from sglang_pd.disaggregation.state import KVReceiverState, RoomUpdate
+from sglang_pd.disaggregation.state import Failure, KVReceiverState, RoomUpdate
 from sglang_pd.disaggregation.transfer.base import KVTransport
 
 logger = logging.getLogger(__name__)
@@ -30,6 +36,10 @@ class _Room:
     state: KVReceiverState
     reported: bool = False
     aux: bytes = b""
+
+
+def _failed(room: int, failure: Failure, reason: str) -> RoomUpdate:
+    return RoomUpdate(room, "Failed", failure, reason, pages_releasable=True)
 
 
 class KVReceiverManager:
@@ -46,22 +56,60 @@ class KVReceiverManager:
             heartbeat_max_failure=self.envs.heartbeat_max_failure,
         )
         self.rooms: dict[int, _Room] = {}
+        self.claims: set[int] = set()  # expected rooms: Claim sent, pages not yet reserved
+        self._claim_failures: dict[int, RoomUpdate] = {}  # claimed rooms that failed, unreported
         self._metadata = transport.metadata()
+
+    def room_in_use(self, room: int) -> bool:
+        """Whether a request for ``room`` is still held here (expected, transferring, or its
+        pages quarantined after a failure). A new request with that room must be refused."""
+        return room in self.rooms or room in self.claims or room in self._claim_failures
+
+    def expect(
+        self, room: int, bootstrap_host: str, bootstrap_port: int, now: float
+    ) -> RoomUpdate | None:
+        """The engine admitted a request for ``room`` and will reserve its pages later. Tells the
+        prefill now, so that it fails the room at once if this decode dies or aborts meanwhile.
+        Optional: add_request works without it. None, or a Failed update (nothing held)."""
+        error = self._check_new(room, bootstrap_host, bootstrap_port)
+        if error is not None:
+            return error
+        why = self.client.claim(bootstrap_host, bootstrap_port, room, now)
+        if why is not None:
+            return _failed(room, Failure.UNREACHABLE, f"room {room}: {why}")
+        self.claims.add(room)
+        return None
 
     def add_request(
         self, room: int, bootstrap_host: str, bootstrap_port: int, dst_pages: list[int], now: float
-    ) -> None:
-        if room in self.rooms:
-            raise ValueError(
-                f"room {room} is already active on this decode; bootstrap_room must be unique"
-            )
-        # Validate locally first: a bad page list is our bug, not prefill's.
-        self.transport.layout.check_pages(dst_pages, f"room {room} dst_pages")
-        grace = self.envs.heartbeat_interval * (self.envs.heartbeat_max_failure + 1)
+    ) -> RoomUpdate | None:
+        """Register ``dst_pages`` for ``room`` with its prefill. None: poll() reports the room
+        later. A Failed update (pages_releasable): nothing was sent and nothing is held; the
+        caller frees dst_pages and fails the request (``failure.http_status``)."""
+        early = self._claim_failures.pop(room, None)
+        if early is not None:  # the prefill failed the room while it waited for pages
+            return early
+        claimed = room in self.claims
+        self.claims.discard(room)
+        error = None if claimed else self._check_new(room, bootstrap_host, bootstrap_port)
+        if error is not None:
+            return error
+        try:  # validate locally first: a bad page list is our bug, not prefill's
+            self.transport.layout.check_pages(dst_pages, f"room {room} dst_pages")
+        except ValueError as e:
+            logger.error("decode engine passed bad pages: %s", e)
+            if claimed:
+                self.client.abort(room, str(e))
+                self.client.forget(room)
+            return _failed(room, Failure.REFUSED, str(e))
         st = KVReceiverState(
-            room, now, self.envs.bootstrap_timeout, self.envs.waiting_timeout, abort_grace=grace
+            room,
+            now,
+            self.envs.bootstrap_timeout,
+            self.envs.waiting_timeout,
+            abort_grace=self.envs.quarantine_limit,
+            abort_resend=self.envs.heartbeat_interval,
         )
-        self.rooms[room] = _Room(st)
         reg = m.Register(
             room=room,
             client_id=self.client.client_id,
@@ -70,12 +118,39 @@ class KVReceiverManager:
             layout=self.transport.layout,
             dst_pages=list(dst_pages),
         )
-        self.client.register(bootstrap_host, bootstrap_port, reg, now)
+        why = self.client.register(bootstrap_host, bootstrap_port, reg, now)
+        if why is not None:  # never sent: no write can come, the pages are free at once
+            self.client.forget(room)
+            return _failed(room, Failure.UNREACHABLE, f"room {room}: {why}")
+        self.rooms[room] = _Room(st)
+        return None
+
+    def _check_new(self, room: int, host: str, port: int) -> RoomUpdate | None:
+        if self.room_in_use(room):
+            return _failed(
+                room,
+                Failure.INVALID_REQUEST,
+                f"bootstrap_room {room} is still in use on this decode server (an earlier "
+                "request with it has not finished, or its KV pages are still quarantined); "
+                "bootstrap_room must be unique per request",
+            )
+        why = validate_bootstrap_addr(host, port)
+        if why is not None:
+            return _failed(room, Failure.INVALID_REQUEST, why)
+        return None
 
     def abort(self, room: int, reason: str, now: float) -> None:
+        """Cancel the room. A transferring room is reported Failed by poll() (pages quarantined
+        until the prefill confirms); an only-expected room is dropped and not reported."""
         r = self.rooms.get(room)
         if r is not None:
             r.state.abort(now, reason)
+        elif room in self.claims:
+            self.claims.discard(room)
+            self.client.abort(room, reason)  # prefill fails the room at once
+            self.client.forget(room)
+        else:
+            self._claim_failures.pop(room, None)
 
     def poll(self, now: float) -> list[RoomUpdate]:
         for ev in self.client.poll(now):
@@ -89,7 +164,8 @@ class KVReceiverManager:
             if n.last:
                 r.aux = n.aux
             r.state.on_kv_notif(now, n.chunk, n.last)
-        updates: list[RoomUpdate] = []
+        updates = list(self._claim_failures.values())
+        self._claim_failures.clear()
         for room, r in list(self.rooms.items()):
             st = r.state
             st.check_timeouts(now)
@@ -108,6 +184,11 @@ class KVReceiverManager:
                 self.client.forget(room)
         return updates
 
+    def _fail_claim(self, room: int, failure: Failure, reason: str) -> None:
+        self.claims.discard(room)
+        self.client.forget(room)
+        self._claim_failures[room] = _failed(room, failure, reason)
+
     def _on_event(self, ev: Incoming | Refused | PeerDead, now: float) -> None:
         if isinstance(ev, PeerDead):
             logger.warning("%s; failing rooms %s", ev.reason, ev.rooms)
@@ -115,19 +196,28 @@ class KVReceiverManager:
                 r = self.rooms.get(room)
                 if r is not None:
                     r.state.on_peer_dead(now, ev.reason)
+                elif room in self.claims:
+                    self._fail_claim(room, Failure.PEER_DEAD, ev.reason)
             return
         if not isinstance(ev, Incoming):
             return
         msg = ev.msg
-        r = self.rooms.get(getattr(msg, "room", -1))
+        room = getattr(msg, "room", -1)
+        r = self.rooms.get(room)
         if r is None:
-            return  # late reply for a room we already released
+            if isinstance(msg, m.Abort) and room in self.claims:
+                self._fail_claim(
+                    room, Failure.ABORTED_REMOTE, f"prefill aborted room {room}: {msg.reason}"
+                )
+            elif isinstance(msg, m.RegisterRefused) and room in self.claims:
+                self._fail_claim(room, Failure.REFUSED, msg.reason)
+            return  # else a late reply for a room we already released
         if isinstance(msg, m.RegisterAck):
             r.state.on_ack(now)
         elif isinstance(msg, m.RegisterRefused):
             r.state.on_refused(now, msg.reason)
         elif isinstance(msg, m.Abort):
-            r.state.on_remote_abort(now, msg.reason)
+            r.state.on_remote_abort(now, msg.reason, msg.writes_in_flight)
         elif isinstance(msg, m.AbortAck):
             r.state.on_abort_ack(now)
 

@@ -67,6 +67,22 @@ class DisaggEnvs:
     heartbeat_max_failure: int = 2
     nixl_backend: str = "UCX"
 
+    @property
+    def silence_limit(self) -> float:
+        """G: a peer silent this long is dead (one heartbeat period more than decode allows)."""
+        return self.heartbeat_interval * (self.heartbeat_max_failure + 1)
+
+    @property
+    def quarantine_limit(self) -> float:
+        """Last-resort bound on decode's page quarantine after a failure it noticed itself.
+
+        A live prefill that got decode's Abort ends every write into the room within
+        WAITING_TIMEOUT (a stuck WRITE is cancelled then), and gives up on a WRITE that NIXL
+        could not cancel after another WAITING_TIMEOUT; G covers detection and delivery. Decode
+        normally frees far sooner: on the AbortAck, or when the prefill's heartbeats stop.
+        Defaults: 2 * 300 + 15 = 615 s."""
+        return 2 * self.waiting_timeout + self.silence_limit
+
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None) -> DisaggEnvs:
         return cls(

@@ -30,6 +30,16 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     version: int = PROTOCOL_VERSION
 
 
+class Claim(msgspec.Struct, tag="claim", frozen=True):
+    """decode -> prefill: "I hold a request for room; my Register follows once its pages are
+    free". Sent at admission, so prefill knows which decode a queued room belongs to: if that
+    decode's heartbeats stop (or it aborts the room) prefill fails the room at once instead of
+    waiting out its bootstrap timeout. Prefill answers only with Abort (room already closed)."""
+
+    room: int
+    client_id: str
+
+
 class RegisterAck(msgspec.Struct, tag="register_ack", frozen=True):
     room: int
     prefill_agent_name: str
@@ -51,10 +61,13 @@ class HeartbeatAck(msgspec.Struct, tag="heartbeat_ack", frozen=True):
 
 
 class Abort(msgspec.Struct, tag="abort", frozen=True):
-    """Either direction. From prefill it also promises no write is in flight."""
+    """Either direction. From prefill it also promises no write is in flight, unless
+    ``writes_in_flight``: a WRITE could not be cancelled, so decode keeps the room's pages
+    quarantined until the AbortAck that prefill sends once the write has ended."""
 
     room: int
     reason: str
+    writes_in_flight: bool = False
 
 
 class AbortAck(msgspec.Struct, tag="abort_ack", frozen=True):
@@ -63,7 +76,9 @@ class AbortAck(msgspec.Struct, tag="abort_ack", frozen=True):
     room: int
 
 
-Message = Register | RegisterAck | RegisterRefused | Heartbeat | HeartbeatAck | Abort | AbortAck
+Message = (
+    Register | Claim | RegisterAck | RegisterRefused | Heartbeat | HeartbeatAck | Abort | AbortAck
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -1,15 +1,23 @@
 """Prefill-side glue: bootstrap server + KV transport + one KVSenderState per room.
 
 The engine calls, from its loop thread only:
-  add_request(room, src_pages, now)         when a PD request is admitted (pages allocated)
+  room_in_use(room) -> bool                 at admission: refuse a duplicate room
+  expect(room, now)                         request queued (see below)
+  add_request(room, src_pages, now)         first chunk: pages allocated (None, or a Failed
+                                            RoomUpdate when the room is still in use)
   kv_ready(room, num_pages, last, now)      after a (chunked) prefill step filled pages
-  abort(room, reason, now)                  request cancelled on prefill
-  poll(now) -> list[RoomUpdate]             every iteration; finished rooms free their pages
+  abort(room, reason, now)                  request cancelled on prefill (its client left)
+  poll(now) -> list[RoomUpdate]             every iteration; reported rooms free their pages
+
+No per-room problem raises out of these. A room is reported once, when it is finished and no
+write of it can still land (a WRITE the transport could not cancel is polled until it ends).
+A room fails as soon as the decode that registered or claimed it stops heartbeating.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -22,7 +30,7 @@ from sglang_pd.disaggregation.bootstrap import (
     Refused,
 )
 from sglang_pd.disaggregation.envs import DisaggEnvs
-from sglang_pd.disaggregation.state import KVSenderState, RoomUpdate, SenderPhase
+from sglang_pd.disaggregation.state import Failure, KVSenderState, RoomUpdate, SenderPhase
 from sglang_pd.disaggregation.transfer.base import KVTransport, TransferError, TransferHandle
 
 logger = logging.getLogger(__name__)
@@ -44,6 +52,7 @@ class _Room:
     expected: bool = False  # the engine holds this request (queued), pages not yet allocated
     chunk: int = 0
     handles: dict[int, TransferHandle] = field(default_factory=dict)
+    cancelling: dict[int, TransferHandle] = field(default_factory=dict)  # release() failed
 
 
 class KVSenderManager:
@@ -71,6 +80,7 @@ class KVSenderManager:
         # (e.g. it waited for free pages past the bootstrap timeout) is refused at once, instead
         # of being acked and left waiting for a request that is gone.
         self._closed: OrderedDict[int, str] = OrderedDict()
+        self._abandoned: set[int] = set()  # closed rooms with a write that may still land
 
     def _room(self, room: int, now: float) -> _Room:
         r = self.rooms.get(room)
@@ -84,15 +94,29 @@ class KVSenderManager:
         """Rooms still open or bootstrap events waiting: the engine should keep calling poll()."""
         return bool(self.rooms) or self.server.has_events()
 
-    def add_request(self, room: int, src_pages: list[int], now: float) -> None:
-        self._closed.pop(room, None)  # a new request reusing the number starts afresh
-        r = self._room(room, now)
-        if r.src_pages is not None:
-            raise ValueError(
-                f"room {room} was already added; bootstrap_room must be unique per request"
+    def room_in_use(self, room: int) -> bool:
+        """Whether an earlier request with ``room`` is still held here (queued, computing,
+        transferring, or failed but not yet reported). A new request with it must be refused.
+        A room that only a decode's Register or Claim created is not in use."""
+        r = self.rooms.get(room)
+        return r is not None and (r.expected or r.src_pages is not None)
+
+    def add_request(self, room: int, src_pages: list[int], now: float) -> RoomUpdate | None:
+        """None, or (room still used by an earlier request) a Failed update: nothing is held
+        for this call and poll() will not report it; the engine fails the request itself."""
+        r = self.rooms.get(room)
+        if r is not None and r.src_pages is not None:
+            return RoomUpdate(
+                room, "Failed", Failure.INVALID_REQUEST,
+                f"bootstrap_room {room} is still in use on this prefill server; "
+                "bootstrap_room must be unique per request",
             )
+        self._closed.pop(room, None)  # a new request reusing the number starts afresh
+        self._abandoned.discard(room)
+        r = self._room(room, now)
         r.src_pages = list(src_pages)
         r.state.check_num_pages(now, len(src_pages))
+        return None
 
     def expect(self, room: int, now: float) -> None:
         """The engine has queued this room's request: a decode registering before its first
@@ -113,10 +137,12 @@ class KVSenderManager:
             r.aux = aux
 
     def abort(self, room: int, reason: str, now: float) -> None:
+        """Cancel the room: its writes are cancelled and its decode told. Use it too when the
+        request's client left; poll() then reports the room Failed."""
         r = self.rooms.get(room)
         if r is None:
             return
-        self._release_all(r)
+        self._release_all(r, now)
         r.state.abort(now, reason)
 
     def poll(self, now: float) -> list[RoomUpdate]:
@@ -127,8 +153,17 @@ class KVSenderManager:
         updates: list[RoomUpdate] = []
         for room, r in list(self.rooms.items()):
             if r.state.check_timeouts(now) or (r.state.phase is SenderPhase.FAILED and r.handles):
-                self._release_all(r)  # timed-out writes are cancelled before decode hears Abort
-            if r.src_pages is None and not r.expected and r.state.bootstrapped and not r.state.is_finished:
+                self._release_all(r, now)  # cancel timed-out writes before decode hears Abort
+            if r.cancelling and not r.state.cancelling:  # gave up (or the decode died)
+                if r.state.abandoned:
+                    logger.error(
+                        "room %d: %d WRITE(s) into decode's pages could neither be cancelled nor "
+                        "finish within %gs; giving up on them (decode frees those pages only at "
+                        "its own bound)", room, len(r.cancelling), self.envs.waiting_timeout,
+                    )
+                r.cancelling.clear()
+            st = r.state
+            if r.src_pages is None and not r.expected and st.bootstrapped and not st.is_finished:
                 assert r.state.registered_at is not None
                 if now - r.state.registered_at > self.envs.bootstrap_timeout:
                     r.state.abort(
@@ -137,13 +172,15 @@ class KVSenderManager:
             for msg in r.state.take_outbox():
                 if r.client_id is not None:
                     self.server.send(r.client_id, msg)
-            if r.state.is_finished and not r.handles:
+            if r.state.is_settled and not r.handles and not r.cancelling:
                 st = r.state
                 updates.append(RoomUpdate(room, st.phase.value, st.failure, st.reason))
                 del self.rooms[room]
                 self._closed[room] = st.reason or f"its transfer already ended ({st.phase.value})"
+                if st.abandoned:
+                    self._abandoned.add(room)
                 while len(self._closed) > CLOSED_ROOMS_KEPT:
-                    self._closed.popitem(last=False)
+                    self._abandoned.discard(self._closed.popitem(last=False)[0])
         return updates
 
     def _on_event(self, ev: Incoming | Refused | PeerDead, now: float) -> None:
@@ -152,22 +189,52 @@ class KVSenderManager:
                 "refused registration from %s room %d: %s", ev.client_id, ev.room, ev.reason
             )
         elif isinstance(ev, PeerDead):
-            for r in self.rooms.values():
+            for room, r in self.rooms.items():
                 if r.client_id == ev.peer:
-                    self._release_all(r)
+                    logger.warning("room %d: %s; failing it", room, ev.reason)
+                    self._release_all(r, now)
+                    r.cancelling.clear()  # its pages are gone with it
                     r.state.on_peer_dead(now, ev.reason)
             peer = self._client_peer.pop(ev.peer, None)
             if peer is not None:  # drop its UCX endpoint and remote descriptor list
                 self.transport.remove_peer(peer)
         elif isinstance(ev.msg, m.Register):
             self._on_register(ev.peer, ev.msg, now)
+        elif isinstance(ev.msg, m.Claim):
+            self._on_claim(ev.peer, ev.msg, now)
         elif isinstance(ev.msg, m.Abort):
             r = self.rooms.get(ev.msg.room)
             if r is None:  # unknown or already finished and forgotten: nothing in flight
-                self.server.send(ev.peer, m.AbortAck(room=ev.msg.room))
+                if ev.msg.room not in self._abandoned:  # (unless a write was given up on)
+                    self.server.send(ev.peer, m.AbortAck(room=ev.msg.room))
+            elif r.client_id not in (None, ev.peer):
+                logger.warning(
+                    "room %d: ignoring Abort from %s; the room belongs to %s",
+                    ev.msg.room, ev.peer, r.client_id,
+                )
             else:
-                r.client_id = r.client_id or ev.peer
+                r.client_id = ev.peer
                 r.state.on_abort(now, ev.msg.reason)
+
+    def _on_claim(self, client_id: str, claim: m.Claim, now: float) -> None:
+        # a claim this room cannot take is refused like a Register (decode answers 503: the
+        # client may retry with a new room), not aborted as a transfer gone wrong (502)
+        closed = self._closed.get(claim.room)
+        if closed is not None and claim.room not in self.rooms:
+            why = f"room {claim.room} is already closed on this prefill: {closed}"
+            self.server.send(client_id, m.RegisterRefused(claim.room, why))
+            return
+        r = self._room(claim.room, now)
+        if r.state.is_finished:  # failed, not yet reported: the claimant need not wait
+            why = r.state.reason or f"room {claim.room} already ended on this prefill"
+            self.server.send(client_id, m.RegisterRefused(claim.room, why))
+            return
+        if r.client_id not in (None, client_id):
+            why = f"room {claim.room} is already held by another decode ({r.client_id})"
+            self.server.send(client_id, m.RegisterRefused(claim.room, why))
+            return
+        r.client_id = client_id
+        r.state.on_claim(now)
 
     def _on_register(self, client_id: str, reg: m.Register, now: float) -> None:
         closed = self._closed.get(reg.room)
@@ -176,8 +243,12 @@ class KVSenderManager:
             self.server.send(client_id, m.RegisterRefused(reg.room, why))
             return
         r = self._room(reg.room, now)
-        if r.state.bootstrapped or r.state.is_finished:
-            why = r.state.reason or f"room {reg.room} is already registered"
+        if r.state.bootstrapped or r.state.is_finished or r.client_id not in (None, client_id):
+            why = r.state.reason or (
+                f"room {reg.room} is already registered"
+                if r.state.bootstrapped
+                else f"room {reg.room} is already held by another decode ({r.client_id})"
+            )
             self.server.send(client_id, m.RegisterRefused(reg.room, why))
             return
         try:
@@ -192,6 +263,10 @@ class KVSenderManager:
             self.server.send(client_id, m.RegisterAck(reg.room, self.transport.agent_name))
 
     def _progress(self, r: _Room, now: float) -> None:
+        for chunk, h in list(r.cancelling.items()):  # ended, or cancellable at last?
+            if self.transport.poll(h) != "PROC" or self.transport.release(h):
+                del r.cancelling[chunk]
+                r.state.on_cancel_settled(now, chunk)
         for chunk, h in list(r.handles.items()):
             status = self.transport.poll(h)
             if status == "DONE":
@@ -199,7 +274,7 @@ class KVSenderManager:
                 r.state.on_transfer_done(now, chunk)
             elif status == "ERR":
                 del r.handles[chunk]
-                self._release_all(r)
+                self._release_all(r, now)
                 r.state.on_transfer_error(now, chunk, h.error)
                 return
         if r.src_pages is None or r.peer is None or not r.state.can_send():
@@ -210,12 +285,18 @@ class KVSenderManager:
             lo, hi = r.sent, r.ready
             if hi == lo:  # nothing new but the last flag: the final chunk was empty
                 lo = hi - 1  # resend the last page so the notif still travels with data
-            h = self.transport.write_pages(
-                r.peer,
-                r.src_pages[lo:hi],
-                r.dst_pages[lo:hi],
-                m.kv_notif(r.state.room, chunk, last, r.aux if last else b""),
-            )
+            try:
+                h = self.transport.write_pages(
+                    r.peer,
+                    r.src_pages[lo:hi],
+                    r.dst_pages[lo:hi],
+                    m.kv_notif(r.state.room, chunk, last, r.aux if last else b""),
+                )
+            except (ValueError, TransferError) as e:  # bad pages, or the peer was removed
+                logger.error("room %d: posting chunk %d failed: %s", r.state.room, chunk, e)
+                self._release_all(r, now)
+                r.state.on_transfer_error(now, chunk, f"{type(e).__name__}: {e}")
+                return
             r.state.on_transfer_started(now, chunk, last)
             r.chunk, r.sent = chunk + 1, hi
             if h.status == "ERR":
@@ -223,13 +304,22 @@ class KVSenderManager:
             else:
                 r.handles[chunk] = h
 
-    def _release_all(self, r: _Room) -> None:
-        for h in r.handles.values():
-            self.transport.release(h)
+    def _release_all(self, r: _Room, now: float) -> None:
+        """Cancel the room's writes. One the transport cannot cancel may still land: it stays
+        tracked (``cancelling``) and decode is told so, until it ends."""
+        for chunk, h in r.handles.items():
+            if not self.transport.release(h):
+                logger.warning(
+                    "room %d: could not cancel the WRITE of chunk %d to %s; it may still land, "
+                    "so its decode pages stay quarantined until it ends",
+                    r.state.room, chunk, h.peer,
+                )
+                r.cancelling[chunk] = h
+                r.state.on_cancel_failed(now, chunk)
         r.handles.clear()
         r.state.in_flight.clear()
 
     def close(self) -> None:
         for r in self.rooms.values():
-            self._release_all(r)
+            self._release_all(r, time.monotonic())
         self.server.close()

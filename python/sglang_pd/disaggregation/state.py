@@ -43,6 +43,18 @@ class Failure(enum.Enum):
     ABORTED_REMOTE = "aborted_remote"
     PEER_DEAD = "peer_dead"
     TRANSFER_ERROR = "transfer_error"
+    INVALID_REQUEST = "invalid_request"  # bad bootstrap address, room already in use
+    UNREACHABLE = "unreachable"  # the prefill's bootstrap connection cannot take the message
+
+    @property
+    def http_status(self) -> int:
+        """Suggested status for the client: 400 for its own mistake, 503 when the two sides never
+        paired (bootstrap), 502 when they paired and the transfer then failed."""
+        if self is Failure.INVALID_REQUEST:
+            return 400
+        if self in (Failure.BOOTSTRAP_TIMEOUT, Failure.REFUSED, Failure.UNREACHABLE):
+            return 503
+        return 502
 
 
 @dataclass(frozen=True)
@@ -65,11 +77,13 @@ class KVReceiverState:
     created_at: float
     bootstrap_timeout: float = 300.0
     waiting_timeout: float = 300.0
-    # After a local failure prefill might still be writing into our pages; we
-    # keep them quarantined until it acks the abort, is declared dead, or this
-    # grace passes (default = heartbeat_interval * (max_failure + 1) = 15 s:
-    # a dead prefill would have been detected by then).
-    abort_grace: float = 15.0
+    # After a local failure prefill might still be writing into our pages; we keep them
+    # quarantined until it confirms nothing is in flight (AbortAck, or its own Abort), it is
+    # declared dead, or this last-resort bound passes. It must exceed the longest a live
+    # prefill can keep writing (DisaggEnvs.quarantine_limit, 615 s by default); a short grace
+    # would free pages that a slow but live prefill still writes into.
+    abort_grace: float = 615.0
+    abort_resend: float = 5.0  # re-send Abort this often while quarantined (lost or restarted)
     phase: ReceiverPhase = ReceiverPhase.BOOTSTRAPPING
     acked_at: float | None = None
     last_progress_at: float | None = None
@@ -78,6 +92,7 @@ class KVReceiverState:
     failure: Failure | None = None
     reason: str = ""
     release_at: float | None = None  # quarantine end; None = releasable now
+    next_abort_at: float | None = None  # when to re-send Abort while quarantined
     _outbox: list[Message] = field(default_factory=list)
 
     @property
@@ -124,13 +139,20 @@ class KVReceiverState:
             self.phase = ReceiverPhase.TRANSFERRING
         return True
 
-    def on_remote_abort(self, now: float, reason: str) -> bool:
-        # Prefill sends Abort only with no write in flight: no quarantine.
+    def on_remote_abort(self, now: float, reason: str, writes_in_flight: bool = False) -> bool:
+        """Prefill failed the room. Its Abort promises no write is in flight unless
+        ``writes_in_flight`` (a WRITE it could not cancel): then quarantine until its AbortAck."""
+        if self.phase is ReceiverPhase.FAILED:
+            if not writes_in_flight and self.release_at is not None:
+                self.release_at = None  # our own abort crossed prefill's: nothing in flight
+                return True
+            return False
         return self._fail(
             now,
             Failure.ABORTED_REMOTE,
             f"prefill aborted room {self.room}: {reason}",
-            quarantine=False,
+            quarantine=writes_in_flight,
+            tell_prefill=False,
         )
 
     def on_abort_ack(self, now: float) -> bool:
@@ -150,6 +172,13 @@ class KVReceiverState:
         return self._fail(now, Failure.ABORTED_LOCAL, reason, quarantine=True)
 
     def check_timeouts(self, now: float) -> bool:
+        if self.release_at is not None and self.phase is ReceiverPhase.FAILED:
+            # Quarantined: ask again now and then, so a lost Abort or a restarted prefill
+            # (which acks rooms it does not know) does not hold the pages to the last resort.
+            if self.next_abort_at is not None and now >= self.next_abort_at:
+                self._outbox.append(Abort(room=self.room, reason=self.reason))
+                self.next_abort_at = now + self.abort_resend
+            return False
         if (
             self.phase is ReceiverPhase.BOOTSTRAPPING
             and now - self.created_at > self.bootstrap_timeout
@@ -173,14 +202,19 @@ class KVReceiverState:
                 )
         return False
 
-    def _fail(self, now: float, kind: Failure, reason: str, quarantine: bool) -> bool:
+    def _fail(
+        self, now: float, kind: Failure, reason: str, quarantine: bool, tell_prefill: bool = True
+    ) -> bool:
         if self.is_finished:
             return False
         self.phase = ReceiverPhase.FAILED
         self.failure, self.reason = kind, reason
         if quarantine:
             self.release_at = now + self.abort_grace
-            self._outbox.append(Abort(room=self.room, reason=reason))
+            if self.abort_resend > 0:
+                self.next_abort_at = now + self.abort_resend
+            if tell_prefill:
+                self._outbox.append(Abort(room=self.room, reason=reason))
         return True
 
 
@@ -195,8 +229,14 @@ class KVSenderState:
     waiting_timeout: float = 300.0  # max time a started transfer may make no progress
     phase: SenderPhase = SenderPhase.WAITING_FOR_DECODE
     registered_at: float | None = None
+    claimed: bool = False  # a decode announced it holds this room (Claim); it hears failures
     num_dst_pages: int | None = None
     in_flight: set[int] = field(default_factory=set)
+    # Chunks whose WRITE the transport could not cancel: they may still land in decode's pages.
+    # Until they end, decode is told "writes in flight" and its AbortAck is held back.
+    cancelling: set[int] = field(default_factory=set)
+    cancel_since: float | None = None
+    abandoned: bool = False  # gave up on an uncancellable write: never promise it ended
     last_started: bool = False  # the chunk flagged last has been posted
     last_progress_at: float | None = None
     abort_requested: str | None = None
@@ -212,6 +252,11 @@ class KVSenderState:
     def is_finished(self) -> bool:
         return self.phase in (SenderPhase.DONE, SenderPhase.FAILED)
 
+    @property
+    def is_settled(self) -> bool:
+        """Finished, and no write of this room can still land: the engine may free its pages."""
+        return self.is_finished and not self.in_flight and not self.cancelling
+
     def can_send(self) -> bool:
         """Whether the engine may post another chunk now."""
         return (
@@ -222,8 +267,44 @@ class KVSenderState:
         )
 
     def take_outbox(self) -> list[Message]:
-        out, self._outbox = self._outbox, []
+        """Messages for decode. While a write could not be cancelled, an Abort goes out marked
+        ``writes_in_flight`` and every AbortAck waits until the write has ended."""
+        if not self.cancelling:
+            out, self._outbox = self._outbox, []
+            return out
+        out: list[Message] = []
+        held: list[Message] = []
+        for msg in self._outbox:
+            if isinstance(msg, Abort):
+                out.append(Abort(room=msg.room, reason=msg.reason, writes_in_flight=True))
+                msg = AbortAck(room=self.room)  # tells decode when the write has ended
+            if isinstance(msg, AbortAck):
+                if not held:
+                    held.append(msg)
+            else:
+                out.append(msg)
+        self._outbox = held
         return out
+
+    def on_claim(self, now: float) -> bool:
+        """A decode holds this room and will register later: tell it when the room fails."""
+        if self.is_finished or self.claimed:
+            return False
+        self.claimed = True
+        return True
+
+    def on_cancel_failed(self, now: float, chunk: int) -> None:
+        """Releasing this chunk's WRITE failed: it may still land. The engine keeps polling it
+        and calls ``on_cancel_settled`` once it has ended."""
+        self.in_flight.discard(chunk)
+        self.cancelling.add(chunk)
+        if self.cancel_since is None:
+            self.cancel_since = now
+
+    def on_cancel_settled(self, now: float, chunk: int) -> None:
+        self.cancelling.discard(chunk)
+        if not self.cancelling:
+            self.cancel_since = None
 
     def on_register(self, now: float, num_dst_pages: int) -> bool:
         if self.is_finished or self.bootstrapped:
@@ -286,10 +367,12 @@ class KVSenderState:
         )
 
     def on_abort(self, now: float, reason: str) -> bool:
-        """Decode asked to abort. Ack only once nothing is in flight."""
+        """Decode asked to abort (again, perhaps). Ack only once nothing is in flight."""
         if self.is_finished:
-            # Already done/failed: nothing can be in flight, ack right away.
-            self._outbox.append(AbortAck(room=self.room))
+            # Already done/failed: nothing in flight but an uncancellable write (whose ack
+            # take_outbox holds back); after giving up on one, never ack.
+            if not self.abandoned:
+                self._outbox.append(AbortAck(room=self.room))
             return False
         self.abort_requested = reason
         if not self.in_flight:
@@ -298,6 +381,8 @@ class KVSenderState:
 
     def on_peer_dead(self, now: float, reason: str) -> bool:
         self.in_flight.clear()
+        self.cancelling.clear()  # decode is gone: nothing left to protect
+        self.cancel_since = None
         return self._fail(now, Failure.PEER_DEAD, reason, tell_decode=False)
 
     def abort(self, now: float, reason: str) -> bool:
@@ -308,9 +393,21 @@ class KVSenderState:
                 f"room {self.room}: release in-flight chunks {sorted(self.in_flight)} "
                 "before aborting, else their writes could land in freed decode pages"
             )
-        return self._fail(now, Failure.ABORTED_LOCAL, reason, tell_decode=self.bootstrapped)
+        return self._fail(
+            now, Failure.ABORTED_LOCAL, reason, tell_decode=self.bootstrapped or self.claimed
+        )
 
     def check_timeouts(self, now: float) -> bool:
+        if self.cancelling:
+            assert self.cancel_since is not None
+            if now - self.cancel_since > self.waiting_timeout:
+                # NIXL could neither cancel nor finish it: treat it as dead, but never tell
+                # decode it ended (decode frees the pages at its own last-resort bound).
+                self.cancelling.clear()
+                self.cancel_since = None
+                self.abandoned = True
+                self._outbox = [m for m in self._outbox if not isinstance(m, AbortAck)]
+                return True
         waiting = self.phase is SenderPhase.WAITING_FOR_DECODE and not self.bootstrapped
         if waiting and now - self.created_at > self.bootstrap_timeout:
             return self._fail(
@@ -318,7 +415,7 @@ class KVSenderState:
                 Failure.BOOTSTRAP_TIMEOUT,
                 f"room {self.room}: decode did not register within {self.bootstrap_timeout:g}s "
                 "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)",
-                tell_decode=False,
+                tell_decode=self.claimed,  # a claimant is waiting for pages: fail it now
             )
         if self.phase is SenderPhase.TRANSFERRING and self.in_flight:
             assert self.last_progress_at is not None

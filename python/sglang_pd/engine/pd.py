@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import msgspec
 
-from sglang_pd.disaggregation.state import Failure, RoomUpdate
+from sglang_pd.disaggregation.state import RoomUpdate
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import GenerateReq
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 
 logger = logging.getLogger(__name__)
-
-_BOOTSTRAP_FAILURES = {Failure.BOOTSTRAP_TIMEOUT, Failure.REFUSED}
 
 
 class PDEngine(Protocol):
@@ -122,7 +120,7 @@ class TransferStats:
     last_latency_ms: float = 0.0
 
     def failed(self, update: RoomUpdate) -> None:
-        if update.failure in _BOOTSTRAP_FAILURES:
+        if _failure_status(update) == 503:  # never bootstrapped: timeout, refused, unreachable
             self.bootstrap_failed += 1
         else:
             self.transfer_failed += 1
@@ -142,7 +140,11 @@ def _room_of(msg: GenerateReq) -> str | None:
 
 
 def _failure_status(update: RoomUpdate) -> int:
-    return 503 if update.failure in _BOOTSTRAP_FAILURES else 502
+    return update.failure.http_status if update.failure is not None else 502
+
+
+def _transfer_failed(update: RoomUpdate) -> dict:
+    return {"type": "abort", "message": f"KV transfer failed: {update.reason}"}
 
 
 @dataclass
@@ -163,7 +165,7 @@ class PrefillSide:
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
         error = _room_of(msg)
-        if error is None and msg.bootstrap.room in self.rooms:
+        if error is None and (msg.bootstrap.room in self.rooms or self.mgr.room_in_use(msg.bootstrap.room)):
             error = f"bootstrap_room {msg.bootstrap.room} is already in use on this prefill server"
         if error is None:
             req.bootstrap_room = msg.bootstrap.room
@@ -176,12 +178,18 @@ class PrefillSide:
         room = req.bootstrap_room
         if room not in self.started_at:
             self.started_at[room] = now
-            self.mgr.add_request(room, list(req.pages), now)
+            fail = self.mgr.add_request(room, list(req.pages), now)
+            if fail is not None:  # the manager holds nothing for it: fail the request here
+                self.stats_.failed(fail)
+                self.core.finish(req, _transfer_failed(fail), status=_failure_status(fail))
+                return
         self.mgr.kv_ready(room, req.kv_len // self.core.page_size, False, now)
 
     def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool:
         """Prefill is complete: park the request (pages kept) and send the rest of its KV."""
         self.on_chunk(req, now)
+        if req.finished:
+            return True  # its room failed on the spot
         self.core.scheduler.park(req)
         aux = msgspec.msgpack.encode(FirstTokenAux(req.output_ids[-1], logprob, top))
         self.mgr.kv_ready(req.bootstrap_room, len(req.pages), True, now, aux)
@@ -204,8 +212,7 @@ class PrefillSide:
                 self.core.finish(req, {"type": "length", "length": len(req.output_ids)})
             else:
                 self.stats_.failed(update)
-                self.core.finish(req, {"type": "abort", "message": f"KV transfer failed: {update.reason}"},
-                                 status=_failure_status(update))
+                self.core.finish(req, _transfer_failed(update), status=_failure_status(update))
 
     def _record_speed(self, room: int, pages: int, now: float) -> None:
         """From the first chunk's hand-off to the last write's completion (overlaps compute)."""
@@ -247,15 +254,20 @@ class DecodeSide:
         room = msg.bootstrap.room if msg.bootstrap is not None else -1
         if error is None and (room in self.transferring or any(r.bootstrap_room == room for r in self.prealloc)):
             error = f"bootstrap_room {room} is already in use on this decode server"
-        elif error is None and room in self.core.scheduler.quarantine:
-            error = (f"bootstrap_room {room} belongs to an aborted request whose transfer is still "
-                     f"winding down; use a new room")
-        if error is None:
-            req.bootstrap_room = room
-            req.bootstrap_addr = (msg.bootstrap.host, msg.bootstrap.port)
-            self.core.scheduler.park(req)
-            self.prealloc.append(req)
-        return error
+        elif error is None and (room in self.core.scheduler.quarantine or self.mgr.room_in_use(room)):
+            error = (f"bootstrap_room {room} belongs to an earlier request whose transfer is still "
+                     f"winding down (its pages may still be written); use a new room")
+        if error is not None:
+            return error
+        host, port = msg.bootstrap.host, msg.bootstrap.port
+        fail = self.mgr.expect(room, host, port, self.core.clock())  # tells prefill who holds it
+        if fail is not None:
+            return fail.reason if _failure_status(fail) == 400 else f"cannot reach the prefill: {fail.reason}"
+        req.bootstrap_room = room
+        req.bootstrap_addr = (host, port)
+        self.core.scheduler.park(req)
+        self.prealloc.append(req)
+        return None
 
     def on_chunk(self, req: Req, now: float) -> None:
         pass
@@ -269,6 +281,7 @@ class DecodeSide:
     def abort(self, req: Req, now: float) -> None:
         if req in self.prealloc:
             self.prealloc.remove(req)
+            self.mgr.abort(req.bootstrap_room, "aborted on the decode server", now)  # drops the claim
             return
         if self.transferring.pop(req.bootstrap_room, None) is not None:
             self.mgr.abort(req.bootstrap_room, "aborted on the decode server", now)
@@ -282,11 +295,14 @@ class DecodeSide:
             if req is not None and update.phase == "Success":
                 self._start_decoding(req, update.aux, now)
                 continue
+            if req is None:  # a claimed room that failed before its pages were reserved
+                req = next((r for r in self.prealloc if r.bootstrap_room == update.room), None)
+                if req is not None:
+                    self.prealloc.remove(req)
             if req is not None:  # failed while this engine still waited on it
                 self.stats_.failed(update)
                 sched.quarantine_pages(update.room, req)
-                self.core.finish(req, {"type": "abort", "message": f"KV transfer failed: {update.reason}"},
-                                 status=_failure_status(update))
+                self.core.finish(req, _transfer_failed(update), status=_failure_status(update))
             if update.pages_releasable:
                 sched.release_quarantine(update.room)
 
@@ -306,15 +322,13 @@ class DecodeSide:
             sched.park(req, num_pages=need)
             self.transferring[req.bootstrap_room] = req
             host, port = req.bootstrap_addr
-            try:
-                self.mgr.add_request(req.bootstrap_room, host, port, list(req.pages), now)
-            except Exception as exc:  # one room's bad address or full queue fails that room only
+            fail = self.mgr.add_request(req.bootstrap_room, host, port, list(req.pages), now)
+            if fail is not None:  # nothing was sent: no write can come, the pages are free now
                 logger.warning("room %d: registering with %s:%d failed: %s", req.bootstrap_room, host,
-                               port, exc)
+                               port, fail.reason)
                 self.transferring.pop(req.bootstrap_room, None)
-                self.stats_.bootstrap_failed += 1
-                self.core.finish(req, {"type": "abort", "message":
-                                       f"cannot reach the prefill server at {host}:{port}"}, 503)
+                self.stats_.failed(fail)
+                self.core.finish(req, _transfer_failed(fail), status=_failure_status(fail))
 
     def _start_decoding(self, req: Req, aux_bytes: bytes, now: float) -> None:
         aux = msgspec.msgpack.decode(aux_bytes, type=FirstTokenAux)

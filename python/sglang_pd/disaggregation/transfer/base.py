@@ -3,7 +3,8 @@
 Every method is non-blocking: ``write_pages`` posts and returns a handle, the
 engine calls ``poll(handle)`` once per loop iteration until it is not "PROC".
 A handle is released automatically when poll returns "DONE" or "ERR"; call
-``release(handle)`` to cancel one that is still in progress.
+``release(handle)`` to cancel one that is still in progress (it returns False when the cancel
+failed and the write may still land).
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ class KVTransport(ABC):
         """ "DONE", "PROC" or "ERR" (see handle.error). Never blocks, never raises."""
 
     @abstractmethod
-    def release(self, handle: TransferHandle) -> None:
-        """Cancel (if still in progress) and free the handle."""
+    def release(self, handle: TransferHandle) -> bool:
+        """Cancel (if still in progress) and free the handle. True when its write can no
+        longer land (it had ended, or is now cancelled). False when the transport could not
+        cancel it: the write may still land, the handle stays valid (status "PROC"), and the
+        caller must keep polling it (or call release again) before telling the peer that
+        nothing is in flight."""
 
     @abstractmethod
     def send_notif(self, peer: str, msg: bytes) -> None:

@@ -2,8 +2,10 @@
 
 For unit tests of the state machines and engine glue. Transports that share a
 ``FakeFabric`` can reach each other; ``FakeFabric.kill(name)`` simulates a
-crashed peer. A write completes (and its bytes are copied, and its notif
-delivered) on the ``complete_after``-th poll, so tests can observe "PROC".
+crashed peer, and ``cancel_fails = True`` makes ``release`` fail to cancel a
+running write (as NIXL's can). A write completes (and its bytes are copied,
+and its notif delivered) on the ``complete_after``-th poll, so tests can
+observe "PROC".
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class FakeKVTransport(KVTransport):
         self.layout = layout or KVLayout.from_tensor(kv_buffer)
         self.fabric = fabric
         self.complete_after = complete_after
+        self.cancel_fails = False  # tests: release() of a running write fails, as NIXL's can
         self._peers: dict[str, KVLayout] = {}
         self._inbox: list[bytes] = []
         fabric.nodes[agent_name] = self
@@ -127,10 +130,13 @@ class FakeKVTransport(KVTransport):
         handle.status, handle.impl = "DONE", None
         return "DONE"
 
-    def release(self, handle: TransferHandle) -> None:
+    def release(self, handle: TransferHandle) -> bool:
         if handle.status == "PROC":
+            if self.cancel_fails:  # like NIXL when the backend cannot abort: it keeps going
+                return False
             handle.status, handle.error = "ERR", "released (cancelled) before completion"
         handle.impl = None
+        return True
 
     def send_notif(self, peer: str, msg: bytes) -> None:
         target = self._peer(peer)

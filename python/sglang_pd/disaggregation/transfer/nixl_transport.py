@@ -233,10 +233,22 @@ class NixlKVTransport(KVTransport):
             self._finish(handle, state)
         return handle.status
 
-    def release(self, handle: TransferHandle) -> None:
-        if handle.status == "PROC":
-            handle.status, handle.error = "ERR", "released (cancelled) before completion"
-        self._release_impl(handle)
+    def release(self, handle: TransferHandle) -> bool:
+        if handle.status != "PROC" or handle.impl is None:
+            self._release_impl(handle)
+            return True
+        try:
+            handle.impl.release()  # NIXL tries to cancel an active transfer
+        except self._errors as e:
+            # It could not: the handle stays valid and the WRITE may still land. The caller
+            # keeps polling it (check_xfer_state) and retries; never claim it is gone.
+            logger.warning(
+                "cancelling the WRITE to %s failed (it may still land): %s", handle.peer, e
+            )
+            return False
+        handle.impl = None
+        handle.status, handle.error = "ERR", "released (cancelled) before completion"
+        return True
 
     def _finish(self, handle: TransferHandle, state: str) -> None:
         if state == "DONE":
