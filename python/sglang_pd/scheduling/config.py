@@ -33,6 +33,11 @@ class PolicyConfig:
     role: str = "colocated"
     # measured step times (docs/profile.md); None = learn online from a cold start
     cost_model_profile: str | None = None
+    # deadline-aware prefill policies (docs/prefill_scheduling.md)
+    prefill_no_slo_ttft_ms: float = 30000.0  # deadline of a request with no TTFT SLO at all
+    prefill_deadline_margin_ms: float = 0.0  # after prefill, before the first token (KV transfer)
+    prefill_max_partial: int = 2  # partly prefilled requests (holding pages) at once
+    prefill_starve_factor: float = 4.0  # kairos+: waited this many TTFT SLOs -> served first
 
     def __post_init__(self) -> None:
         if self.role not in SERVER_ROLES:
@@ -41,6 +46,12 @@ class PolicyConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:  # also refuses NaN
                 raise ValueError(f"{name} must be a positive number of milliseconds, got {value}")
+        if not self.prefill_no_slo_ttft_ms > 0 or not self.prefill_deadline_margin_ms >= 0:
+            raise ValueError(f"prefill_no_slo_ttft_ms must be > 0 and prefill_deadline_margin_ms >= 0, got "
+                             f"{self.prefill_no_slo_ttft_ms} and {self.prefill_deadline_margin_ms}")
+        if self.prefill_max_partial < 1 or not self.prefill_starve_factor > 0:
+            raise ValueError(f"prefill_max_partial must be >= 1 and prefill_starve_factor > 0, got "
+                             f"{self.prefill_max_partial} and {self.prefill_starve_factor}")
 
     @property
     def slo_ttft_s(self) -> float | None:

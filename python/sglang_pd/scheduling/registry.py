@@ -6,10 +6,24 @@ from typing import Callable
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
+from sglang_pd.scheduling.prefill.edf import EdfPrefillPolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
+from sglang_pd.scheduling.prefill.kairos import KairosPrefillPolicy
+from sglang_pd.scheduling.prefill.kairos_plus import KairosPlusPrefillPolicy
+from sglang_pd.scheduling.prefill.lars import LarsPrefillPolicy
+from sglang_pd.scheduling.prefill.lrs import LrsPrefillPolicy
+from sglang_pd.scheduling.prefill.sjf import SjfPrefillPolicy
 from sglang_pd.scheduling.types import DecodePolicy, PrefillPolicy
 
-PREFILL_POLICIES: dict[str, Callable[[PolicyConfig], PrefillPolicy]] = {"fcfs": FcfsPrefillPolicy}
+PREFILL_POLICIES: dict[str, Callable[[PolicyConfig], PrefillPolicy]] = {
+    "fcfs": FcfsPrefillPolicy,
+    "kairos": KairosPrefillPolicy,  # Kairos §3.1 Alg. 1-2 as written
+    "kairos+": KairosPlusPrefillPolicy,  # ours: fitted finish times, rescue rules
+    "lars": LarsPrefillPolicy,  # Medha §4.1
+    "edf": EdfPrefillPolicy,  # Medha §4.1's comparison
+    "lrs": LrsPrefillPolicy,  # Medha §4.1's comparison
+    "sjf": SjfPrefillPolicy,  # Kairos §3.1's comparison
+}
 DECODE_POLICIES: dict[str, Callable[[PolicyConfig], DecodePolicy]] = {"continuous": ContinuousDecodePolicy}
 
 

@@ -1,0 +1,116 @@
+"""kairos+ (ours): Kairos §3.1's urgency order, with fitted finish times and rescue rules.
+
+Built on ``kairos`` (Kairos §3.1, Alg. 1-2; see kairos.py for the rule as written). Changes, each
+for a way the rule as written loses requests:
+1. Work and finish times from the fitted ``PrefillCostModel`` (PLA-Serve §2.1): seconds for the
+   remaining tokens over the context already in the pool, chunk by chunk, so the quadratic
+   attention of long prompts and the context of re-prefills count (one throughput mu cannot).
+   Alg. 2's FCFS simulation runs on these works (prefix sums, ``<=`` ties).
+2. u = (slack / SLO) / work seconds (not tokens), for requests on time under FCFS.
+3. Requests late under FCFS are not simply sorted last by u. With laxity
+   = deadline - now - work (how long a request may still wait if served alone from then on):
+   those with laxity >= 0 can still meet their SLO if served first (salvageable), the others
+   cannot (lost).
+The order, by group, then within it:
+  0 rescuing: urgent requests (group 2) already served as urgent in an earlier step, least
+    laxity first: once rescue starts it runs to the end (no flapping when the model or the
+    queue shifts). At most ``prefill_max_partial`` of them are partly prefilled at a time, so
+    they delay group 1 by a bounded amount of work.
+  1 starving: waited >= ``prefill_starve_factor`` x its TTFT SLO: oldest first. With group 0
+    bounded this bounds every wait: kairos+ never starves a request (a lost long prompt
+    included). Under sustained overload this trades a new rescue for a bounded wait.
+  2 urgent: salvageable with laxity <= one step (a full budget's time) + ``SAFETY`` x its work:
+    it must run now to meet its SLO. Least laxity first. While it is in the step, other
+    requests join only as long as their time fits in its laxity beyond the safety margin
+    (they delay it); the first that does not fit ends the step.
+  3 on time under FCFS: u descending, as Kairos.
+  4 salvageable but late under FCFS, not yet urgent: least remaining work first (they become
+    urgent in time, group 2, if still unserved).
+  5 lost: least remaining work first (shortest remaining processing: the fewest further
+    misses and the least total lateness among requests that miss anyway).
+So short prompts pass a long one while it can still make its deadline (groups 3-4 by u and
+work), the long one is run just in time when it has to (groups 2 then 0), and a long one that
+cannot make it no longer blocks short ones that can (group 5 after 2-4).
+
+Parameters: ``SAFETY`` (0.1, ours: margin against cost-model error, in the request's own work),
+``prefill_starve_factor`` (PolicyConfig, 4), and the shared ones in ``common.py``. Every grant
+goes through ``budget.grant`` (``common.walk``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.cost_model import PrefillCostModel
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, fcfs_finish
+from sglang_pd.scheduling.types import PrefillBudget, R
+
+RESCUING, STARVING, URGENT, ON_TIME, SALVAGEABLE, LOST = range(6)
+GROUPS = ("rescuing", "starving", "urgent", "on_time", "salvageable", "lost")
+
+
+class KairosPlusPrefillPolicy(DeadlinePolicy):
+    name = "kairos+"
+    SAFETY = 0.1  # of a request's own work, kept as margin against model error
+
+    def __init__(self, cfg: PolicyConfig | None = None, cost_model: PrefillCostModel | None = None) -> None:
+        super().__init__(cfg, cost_model)
+        self.starve_factor = self.cfg.prefill_starve_factor
+        self._urgent: set = set()  # requests served as urgent: stay so until their prefill ends
+
+    def classify(self, q: Queue, now: float,
+                 step_s: float) -> tuple[list[list[int]], list[float], list[float]]:
+        """Indices by group, each group in its order; and every request's laxity and work."""
+        reqs = q.reqs
+        work = self.works(q)
+        arrivals = [r.arrival for r in reqs]
+        fin = fcfs_finish(arrivals, work, now)
+        slos = [r.slo_ttft_s or self.default_slo_s for r in reqs]
+        margin, safety, starve, urgent = self.margin_s, self.SAFETY, self.starve_factor, self._urgent
+        groups: list[list[int]] = [[] for _ in GROUPS]
+        keys = [0.0] * len(reqs)
+        laxity = [0.0] * len(reqs)
+        for i, (a, slo, w, f) in enumerate(zip(arrivals, slos, work, fin)):
+            d = a + slo - margin
+            lax = laxity[i] = d - now - w
+            if lax <= step_s + safety * w and reqs[i] in urgent:
+                g, keys[i] = RESCUING, lax
+            elif now - a >= starve * slo:
+                g, keys[i] = STARVING, a
+            elif 0 <= lax <= step_s + safety * w:
+                g, keys[i] = URGENT, lax
+            elif lax < 0:
+                g, keys[i] = LOST, w
+            elif f <= d:
+                g, keys[i] = ON_TIME, -(d - f) / slo / max(w, 1e-12)  # u descending
+            else:
+                g, keys[i] = SALVAGEABLE, w
+            groups[g].append(i)
+        for g in groups:
+            g.sort(key=keys.__getitem__)  # stable: ties keep arrival order
+        return groups, laxity, work
+
+    def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
+        q = Queue(waiting)
+        model = self.model
+        step_s = model.request_s(budget.token_budget)  # the next decision comes after one step
+        groups, laxity, work = self.classify(q, now, step_s)
+        order = [i for g in groups for i in g]
+        room = {q.reqs[i]: max(laxity[i] - self.SAFETY * work[i], 0.0)
+                for i in groups[RESCUING] + groups[URGENT]}
+        spare: list[float] = []  # seconds the urgent requests in the plan can still give away
+
+        def fits(req: R, n: int) -> bool | None:
+            if spare:
+                delta = model.marginal_s(n, req.prefilled_len)
+                if delta > spare[0]:
+                    return None  # as Kairos's walk: the first that does not fit ends the step
+                spare[0] -= delta
+            if req in room:
+                spare[:] = [min(spare[0], room[req])] if spare else [room[req]]
+            return True
+
+        plan = self.walk(q, order, budget, fits if room else None)
+        self._urgent = {r for r in room if r in self._urgent} | {r for r, _ in plan if r in room}
+        return plan

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Decision time of each prefill policy: one ``schedule(waiting, now, budget)`` call over 100,
+1,000 and 10,000 waiting length-only requests (issue 20's bar: < 100 us at 1,000). Prints
+p50/p99 in microseconds per policy and queue length; --json writes the figures.
+
+  python scripts/bench_prefill_decision.py [--sizes 100,1000,10000] [--json out.json]
+
+Queue: arrivals 1 ms apart up to now, long-tailed prompt lengths (most short, a few long), TTFT
+SLOs of 1, 2 and 8 s and some none, a few partly prefilled. The budget is the default
+PolicyConfig's (16,384 tokens, 2,048-token chunks) with a KV counter that admits everything;
+policy state is not reset between calls (as in the engine), the budget is new each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from sglang_pd.scheduling.config import PolicyConfig  # noqa: E402
+from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy  # noqa: E402
+from sglang_pd.scheduling.types import PrefillBudget  # noqa: E402
+from sglang_pd.sim.request import SimReq  # noqa: E402
+
+
+class AdmitAll:
+    def can_admit(self, req: object, new_tokens: int) -> bool:
+        return True
+
+    def admit(self, req: object, new_tokens: int) -> None:
+        pass
+
+
+def make_queue(n: int, seed: int) -> tuple[list[SimReq], float]:
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(n):
+        prompt = min(int(rng.lognormvariate(5.5, 1.2)) + 1, 32000)
+        r = SimReq(str(i), i * 1e-3, prompt, 16, slo_ttft_s=rng.choice((1.0, 2.0, 8.0, None)))
+        if prompt > 2048 and rng.random() < 0.05:
+            r.kv_len = 2048  # a partly prefilled one
+        reqs.append(r)
+    return reqs, n * 1e-3
+
+
+def measure(policy_name: str, n: int, repeats: int, seed: int) -> dict:
+    cfg = PolicyConfig()
+    policy = create_prefill_policy(policy_name, cfg)
+    waiting, now = make_queue(n, seed)
+    times = []
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            budget = PrefillBudget(cfg.max_prefill_tokens, cfg.chunked_prefill_size,
+                                   cfg.max_running_requests, AdmitAll())
+            t0 = time.perf_counter()
+            plan = policy.schedule(waiting, now, budget)
+            times.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    times.sort()
+    us = [t * 1e6 for t in times]
+    return {"policy": policy_name, "waiting": n, "repeats": repeats, "p50_us": us[len(us) // 2],
+            "p99_us": us[min(len(us) - 1, int(len(us) * 0.99))], "granted": len(plan)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="100,1000,10000", help="waiting queue lengths, comma-separated")
+    ap.add_argument("--policies", default=",".join(PREFILL_POLICIES), help="comma-separated")
+    ap.add_argument("--repeats", type=int, default=200, help="calls per (policy, size); /10 at 10,000")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    print(f"{'policy':>8} {'waiting':>8} {'p50 (us)':>10} {'p99 (us)':>10} {'granted':>8}")
+    for name in args.policies.split(","):
+        for n in sizes:
+            row = measure(name, n, max(args.repeats // 10, 10) if n >= 10_000 else args.repeats, args.seed)
+            rows.append(row)
+            print(f"{name:>8} {n:>8} {row['p50_us']:>10.1f} {row['p99_us']:>10.1f} {row['granted']:>8}",
+                  flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
