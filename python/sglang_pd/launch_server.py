@@ -43,6 +43,7 @@ DEFAULT_ENGINE_ENTRY = "sglang_pd.engine.engine_process:run_engine_process"
 ENGINE_ENTRY_ENV = "SGLANG_PD_ENGINE_ENTRY"  # "package.module:function"
 ENGINE_READY_TIMEOUT_ENV = "SGLANG_PD_ENGINE_READY_TIMEOUT_S"
 SHUTDOWN_GRACE_ENV = "SGLANG_PD_SHUTDOWN_GRACE_S"
+DRAIN_MARGIN_S = 0.5  # answer the stragglers this long before uvicorn's grace ends
 ENGINE_JOIN_TIMEOUT_S = 10.0
 
 
@@ -192,7 +193,7 @@ async def _serve(server_args: ServerArgs, engine_info: EngineReady,
     app = create_app(server_args, tm)
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_config=None,
                             access_log=server_args.log_requests, lifespan="off",
-                            timeout_graceful_shutdown=int(_env_float(SHUTDOWN_GRACE_ENV, 30)))
+                            timeout_graceful_shutdown=max(int(_env_float(SHUTDOWN_GRACE_ENV, 30)), 1))
     server = uvicorn.Server(config)
     signals.server = server
     server.should_exit = signals.stop_requested
@@ -209,7 +210,19 @@ async def _serve(server_args: ServerArgs, engine_info: EngineReady,
         server.should_exit = True
 
     tm.on_engine_death = on_engine_death
+    grace = _env_float(SHUTDOWN_GRACE_ENV, 30)
+
+    async def end_drain() -> None:
+        """Uvicorn cancels handlers when its grace period ends (plain-text 500s, cut streams):
+        just before that, fail what is still running so each client gets a JSON error or a
+        final SSE error event."""
+        while not server.should_exit:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(max(grace - DRAIN_MARGIN_S, 0.0))
+        tm.fail_all(503, "the server is shutting down (drain period over); retry elsewhere")
+
     await tm.start()
+    drain = asyncio.create_task(end_drain(), name="end-drain")
     try:
         logger.info("sglang-pd ready: http://%s:%d model=%s mode=%s context_length=%d",
                     server_args.host, server_args.port, model_name,
@@ -218,6 +231,7 @@ async def _serve(server_args: ServerArgs, engine_info: EngineReady,
         if not server.started and exit_code == 0:
             exit_code = 1  # uvicorn could not start; it logged why
     finally:
+        drain.cancel()
         logger.info("shutting down: stopping the engine")
         await tm.shutdown_engine()
         await tm.close()

@@ -8,9 +8,18 @@ Decoding uses the tagged unions ``ToEngine`` / ``FromEngine``.
 
 from __future__ import annotations
 
+import math
 from typing import Union
 
 import msgspec
+
+
+# input limits that SamplingParams.validate enforces (frontend/limits.py lists them all)
+MAX_STOP_STRINGS = 32
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+GREEDY_TEMPERATURE = 1e-5  # below these, temperature and top_p underflow in float32:
+GREEDY_TOP_P = 1e-6  # such requests run greedy (the top token), as the limit means
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):
@@ -36,7 +45,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # temperatures and top_p this small underflow in float32 (and mean "the top token")
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1 or self.top_p < GREEDY_TOP_P
 
     def validate(self, vocab_size: int | None = None) -> str | None:
         """Return a message naming the first bad value (and what is allowed), or None."""
@@ -56,6 +66,15 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
              f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}"),
             (self.n == 1, f"n must be 1 (parallel sampling is not supported), got {self.n}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
+            (len(self.stop) <= MAX_STOP_STRINGS,
+             f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}"),
+            (all(len(s) <= MAX_STOP_STRING_CHARS for s in self.stop),
+             f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters"),
+            (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+             f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {len(self.stop_token_ids)}"),
+            (all(math.isfinite(v) for v in (self.temperature, self.top_p, self.min_p, self.frequency_penalty,
+                                            self.presence_penalty, self.repetition_penalty)),
+             "sampling parameters must be finite numbers"),
         ]
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
@@ -69,6 +88,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 class SloSpec(msgspec.Struct, omit_defaults=True):
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+
+
+# PD requests with this bootstrap_host run locally without a KV transfer (health checks)
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
 class BootstrapInfo(msgspec.Struct, omit_defaults=True):

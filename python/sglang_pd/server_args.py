@@ -58,6 +58,8 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     max_prefill_tokens: int = 16384
     max_running_requests: int = 256
+    # requests the frontend holds (queued + running); more get 503 + Retry-After
+    max_queued_requests: int = 4096
     schedule_policy: str = "fcfs"  # the prefill policy (--prefill-policy is an alias)
     decode_policy: str = "continuous"
     attention_backend: str = "torch"
@@ -91,6 +93,8 @@ class ServerArgs:
             problems.append(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
         if self.max_running_requests < 1:
             problems.append(f"--max-running-requests must be >= 1, got {self.max_running_requests}")
+        if self.max_queued_requests < 1:
+            problems.append(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
         if self.tp_size != 1:
             problems.append(f"--tp-size {self.tp_size} is not supported yet (only 1)")
         if self.load_format not in ("auto", "dummy", "safetensors"):
@@ -178,6 +182,8 @@ class ServerArgs:
         p("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
         p("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
         p("--max-running-requests", type=int, default=d.max_running_requests)
+        p("--max-queued-requests", type=int, default=d.max_queued_requests,
+          help="requests the server holds at once (waiting + running); beyond it 503 + Retry-After")
         p("--schedule-policy", "--prefill-policy", dest="schedule_policy", default=d.schedule_policy,
           choices=sorted(PREFILL_POLICIES), help="prefill scheduling policy")
         p("--decode-policy", default=d.decode_policy, choices=sorted(DECODE_POLICIES))

@@ -171,3 +171,18 @@ def _bytes_to_unicode() -> list[str]:
             table[b] = chr(256 + extra)
             extra += 1
     return [table[b] for b in range(256)]
+
+
+def test_stop_holdback_matches_the_definition_and_stays_linear() -> None:
+    """Issue 22 item 5: the hold-back was quadratic in the stop length on every update."""
+    import random
+
+    def by_definition(text: str, stops: list[str]) -> int:
+        return max((k for s in stops for k in range(1, min(len(s) - 1, len(text)) + 1)
+                    if text.endswith(s[:k])), default=0)
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice("ab\0") for _ in range(rng.randint(0, 12)))
+        stops = ["".join(rng.choice("ab\0") for _ in range(rng.randint(1, 6))) for _ in range(3)]
+        assert stop_holdback(text, stops) == by_definition(text, stops), (text, stops)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from typing import Any
 
 import pytest
 
 from sglang_pd.entrypoints.context import ServerContext
-from sglang_pd.entrypoints.native import parse_generate_body
+from sglang_pd.entrypoints.native import parse_generate_body as _parse_generate_body
 from sglang_pd.entrypoints.openai_protocol import (ChatCompletionRequest, CompletionRequest,
                                                    check_supported, completion_prompts,
                                                    message_text, parse_body, to_sampling_params)
@@ -27,6 +29,10 @@ def ctx(tmp_path: Any) -> ServerContext:
     args = ServerArgs(model_path="m", ipc_dir=str(tmp_path), skip_tokenizer_init=True)
     tm = TokenizerManager(args, ENGINE, None, FrontendMetrics("m-test"))
     return ServerContext(server_args=args, tm=tm)
+
+
+def parse_generate_body(body: dict, ctx: Any, headers: dict) -> Any:
+    return asyncio.run(_parse_generate_body(body, ctx, headers))
 
 
 def _error(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -86,7 +92,9 @@ def test_slo_from_body_and_headers() -> None:
     slo = make_slo({"ttft_ms": 200}, {"x-slo-tpot-ms": "20"})
     assert slo is not None and slo.ttft_ms == 200 and slo.tpot_ms == 20
     assert "x-slo-ttft-ms" in _error(make_slo, None, {"x-slo-ttft-ms": "soon"})
-    assert "slo.tpot_ms must be > 0" in _error(make_slo, {"tpot_ms": 0}, {})
+    assert "slo.tpot_ms must be a positive" in _error(make_slo, {"tpot_ms": 0}, {})
+    assert "positive finite" in _error(make_slo, None, {"x-slo-ttft-ms": "nan"})  # NaN passed "<= 0"
+    assert "positive finite" in _error(make_slo, {"ttft_ms": float("inf")}, {})
 
 
 def test_bootstrap_fields() -> None:
@@ -120,7 +128,7 @@ def test_generate_body_errors(ctx: ServerContext) -> None:
     assert "rid has 1 entries but there are 2 prompts" in _error(
         parse_generate_body, {"input_ids": [[1], [2]], "rid": ["a"]}, ctx, {})
     assert _error(parse_generate_body, {"input_ids": [[1], []]}, ctx, {}).startswith("prompt 1:")
-    assert "'stream' must be true or false" in _error(
+    assert "stream must be true or false" in _error(
         parse_generate_body, {"input_ids": [1], "stream": "yes"}, ctx, {})
 
 
@@ -150,3 +158,26 @@ def test_completion_prompts_and_message_text() -> None:
     assert "prompt must be" in _error(completion_prompts, {"x": 1})
     assert message_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], 0) == "a\nb"
     assert "image_url" in _error(message_text, [{"type": "image_url"}], 2)
+
+
+def test_strict_booleans_and_limits(ctx: ServerContext) -> None:
+    """Issue 22 items 4, 5 and 10: truthy strings were read as true; no caps existed."""
+    assert "return_logprob must be true or false" in _error(
+        parse_generate_body, {"input_ids": [1], "return_logprob": "yes"}, ctx, {})
+    assert "top_logprobs_num must be in [0, 20]" in _error(
+        parse_generate_body, {"input_ids": [1], "return_logprob": True, "top_logprobs_num": 7000}, ctx, {})
+    assert "at most 512 prompts" in _error(parse_generate_body, {"input_ids": [[1]] * 513}, ctx, {})
+    assert "at most 32 stop strings" in _error(
+        parse_generate_body, {"input_ids": [1], "sampling_params": {"stop": ["ab"] * 33}}, ctx, {})
+    assert "at most 256 characters" in _error(
+        parse_generate_body, {"input_ids": [1], "sampling_params": {"stop": ["x" * 257]}}, ctx, {})
+    assert "not a valid hostname" in _error(
+        parse_generate_body, {"input_ids": [1], "bootstrap_host": "x y", "bootstrap_room": 1}, ctx, {})
+    assert "63-bit" in _error(
+        parse_generate_body, {"input_ids": [1], "bootstrap_host": "h", "bootstrap_room": -1}, ctx, {})
+
+
+def test_tiny_temperature_and_top_p_run_greedy() -> None:
+    """Issue 22 item 10: 1e-38 underflowed in float32 and sampled token 0."""
+    assert SamplingParams(temperature=1e-38).is_greedy and SamplingParams(top_p=1e-38).is_greedy
+    assert not SamplingParams(temperature=0.7, top_p=0.9).is_greedy

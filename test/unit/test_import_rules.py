@@ -49,7 +49,7 @@ def test_router_has_no_torch_or_server_internals() -> None:
 
 
 def test_protocol_is_plain_data() -> None:
-    assert {n.split(".")[0] for n in _imports(PKG / "protocol.py")} <= {"__future__", "typing", "msgspec"}
+    assert {n.split(".")[0] for n in _imports(PKG / "protocol.py")} <= {"__future__", "typing", "math", "msgspec"}
 
 
 TORCH_FREE_MECHANISM = ("torch", "zmq", "sglang_pd.models", "sglang_pd.disaggregation",

@@ -29,7 +29,7 @@ import msgspec
 from sglang_pd.disaggregation.state import RoomUpdate
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.scheduler import Scheduler
-from sglang_pd.protocol import GenerateReq
+from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
 
 if TYPE_CHECKING:
     from sglang_pd.disaggregation.decode_manager import KVReceiverManager
@@ -130,6 +130,11 @@ class TransferStats:
                 "num_transfer_failed_reqs_total": self.transfer_failed}
 
 
+def _runs_locally(msg: GenerateReq) -> bool:
+    """/health_generate on a PD server: computed here like a colocated request, no transfer."""
+    return msg.bootstrap is not None and msg.bootstrap.host == FAKE_BOOTSTRAP_HOST
+
+
 def _room_of(msg: GenerateReq) -> str | None:
     b = msg.bootstrap
     if b is None:
@@ -164,6 +169,9 @@ class PrefillSide:
         return bool(self.core.scheduler.parked) or self.mgr.has_pending
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
+        if _runs_locally(msg):
+            self.core.scheduler.add(req)  # bootstrap_room stays -1: no PD hook fires for it
+            return None
         error = _room_of(msg)
         if error is None and (msg.bootstrap.room in self.rooms or self.mgr.room_in_use(msg.bootstrap.room)):
             error = f"bootstrap_room {msg.bootstrap.room} is already in use on this prefill server"
@@ -176,6 +184,8 @@ class PrefillSide:
 
     def on_chunk(self, req: Req, now: float) -> None:
         room = req.bootstrap_room
+        if room < 0:
+            return
         if room not in self.started_at:
             self.started_at[room] = now
             fail = self.mgr.add_request(room, list(req.pages), now)
@@ -187,6 +197,8 @@ class PrefillSide:
 
     def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool:
         """Prefill is complete: park the request (pages kept) and send the rest of its KV."""
+        if req.bootstrap_room < 0:
+            return False  # runs locally (health check): finished like a colocated request
         self.on_chunk(req, now)
         if req.finished:
             return True  # its room failed on the spot
@@ -250,6 +262,9 @@ class DecodeSide:
         return bool(self.prealloc or self.transferring or self.core.scheduler.quarantine)
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
+        if _runs_locally(msg):
+            self.core.scheduler.add(req)
+            return None
         error = _room_of(msg)
         room = msg.bootstrap.room if msg.bootstrap is not None else -1
         if error is None and (room in self.transferring or any(r.bootstrap_room == room for r in self.prealloc)):

@@ -91,7 +91,8 @@ def sample(logits: torch.Tensor, reqs: Sequence[Req], eos_ids: list[int]) -> Sam
     out = SampleOutput(token_ids=chosen.tolist())
     if raw_logprobs is not None:
         out.logprobs = raw_logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
-        k = max(r.top_logprobs_num for r in reqs)
+        # capped at the vocabulary: the frontend limits it, but a bad value must not fail the batch
+        k = min(max(r.top_logprobs_num for r in reqs), raw_logprobs.shape[-1])
         if k > 0:
             vals, idx = raw_logprobs.topk(k, dim=-1)
             out.top_logprobs = [

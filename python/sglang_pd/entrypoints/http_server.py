@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import random
 import logging
 from typing import Any
 
@@ -19,10 +20,10 @@ from sglang_pd.entrypoints.context import ServerContext
 from sglang_pd.entrypoints.responses import (OrjsonResponse, error_response, read_json_object,
                                              wait_all_finished)
 from sglang_pd.frontend.errors import ApiError, bad_request
-from sglang_pd.frontend.inputs import build_generate_req, new_rid
+from sglang_pd.frontend.inputs import build_generate_req, new_rid, strict_bool
 from sglang_pd.frontend.metrics import CONTENT_TYPE
 from sglang_pd.frontend.tokenizer_manager import TokenizerManager
-from sglang_pd.protocol import SamplingParams
+from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, BootstrapInfo, SamplingParams
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ async def _http_error(_: Request, exc: Exception) -> Response:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # the details go to the log; clients get a stable message (internals are not an API)
     logger.exception("unhandled error in %s %s", request.method, request.url.path)
-    return error_response(ApiError(500, f"internal server error: {type(exc).__name__}: {exc}"))
+    return error_response(ApiError(500, "internal server error (see the server log)"))
 
 
 def _ctx(request: Request) -> ServerContext:
@@ -85,15 +87,25 @@ def _add_admin_routes(app: FastAPI) -> None:
         tm = _ctx(request).tm
         if tm.engine_dead or not tm.engine_alive():
             return error_response(ApiError(503, "the engine process is not running"))
+        stalled = tm.stall_reason()
+        if stalled is not None:
+            logger.error("health check failed: %s", stalled)
+            return error_response(ApiError(503, stalled))
         return Response(status_code=200)
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
         """A real 1-token generation through the engine."""
         ctx = _ctx(request)
+        # PD servers run it locally, without a transfer: the fake bootstrap host tells the
+        # engine so (as SGLang's PD servers do), so no peer is needed for a health check
+        bootstrap = None
+        if ctx.server_args.disaggregation_mode != "colocated":
+            bootstrap = BootstrapInfo(FAKE_BOOTSTRAP_HOST, ctx.server_args.disaggregation_bootstrap_port,
+                                      random.randrange(2**63))
         req = build_generate_req(input_ids=[0], engine=ctx.engine_info,
                                  sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
-                                 rid=f"HEALTH_CHECK_{new_rid()}")
+                                 rid=f"HEALTH_CHECK_{new_rid()}", bootstrap=bootstrap)
         states = ctx.tm.submit([req])
         if not await wait_all_finished(states, None, HEALTH_GENERATE_TIMEOUT_S):
             ctx.tm.abort(states[0])
@@ -149,7 +161,7 @@ def _add_admin_routes(app: FastAPI) -> None:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         body = await read_json_object(request)
-        rid, abort_all = body.get("rid"), bool(body.get("abort_all"))
+        rid, abort_all = body.get("rid"), strict_bool(body.get("abort_all"), "abort_all")
         if not abort_all and (not isinstance(rid, str) or not rid):
             raise bad_request("give 'rid' (a request id) or 'abort_all': true")
         _ctx(request).tm.abort_rid("" if abort_all else rid)

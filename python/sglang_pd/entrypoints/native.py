@@ -13,17 +13,17 @@ from sglang_pd.entrypoints.responses import (SSE_DONE, OrjsonResponse, list_or_i
                                              read_json_object, sse)
 from sglang_pd.entrypoints.runner import RequestRun, respond
 from sglang_pd.frontend.errors import ApiError, bad_request
-from sglang_pd.frontend.inputs import (build_generate_req, make_bootstrap, make_slo,
-                                       parse_sampling_params)
+from sglang_pd.frontend.inputs import (build_generate_req, check_batch_size, make_bootstrap,
+                                       make_slo, parse_sampling_params, strict_bool, tokenize)
 from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer import TokenizerBundle
-from sglang_pd.protocol import GenerateReq, TokenLogprob
+from sglang_pd.protocol import EngineReady, GenerateReq, TokenLogprob
 
 router = APIRouter()
 
 
-def _prompts(body: dict[str, Any], tokenizer: TokenizerBundle | None
-             ) -> tuple[list[list[int]], bool]:
+async def _prompts(body: dict[str, Any], tokenizer: TokenizerBundle | None, engine: EngineReady
+                   ) -> tuple[list[list[int]], bool]:
     """(token ids per prompt, is_batch) from exactly one of ``text`` / ``input_ids``."""
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
@@ -39,21 +39,22 @@ def _prompts(body: dict[str, Any], tokenizer: TokenizerBundle | None
         if empty:
             raise bad_request(f"prompt {empty[0]}: the prompt is empty" if isinstance(text, list)
                               else "the prompt is empty")
-        return [tokenizer.encode(t) for t in texts], isinstance(text, list)
+        return await tokenize(tokenizer, texts, engine), isinstance(text, list)
     if not isinstance(ids, list):
         raise bad_request("'input_ids' must be a list of integers or a list of such lists")
     is_batch = bool(ids) and all(isinstance(x, list) for x in ids)
+    if is_batch:
+        check_batch_size(len(ids))
     return (ids if is_batch else [ids]), is_batch
 
 
-def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers: dict[str, str]
-                        ) -> tuple[list[GenerateReq], bool]:
+async def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers: dict[str, str]
+                              ) -> tuple[list[GenerateReq], bool]:
     """The /generate body -> GenerateReqs (one per prompt) and whether it was a batch."""
-    prompts, is_batch = _prompts(body, ctx.tm.tokenizer)
+    stream = strict_bool(body.get("stream"), "stream")
+    strict_bool(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
+    prompts, is_batch = await _prompts(body, ctx.tm.tokenizer, ctx.engine_info)
     n = len(prompts)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request(f"'stream' must be true or false, got {stream!r}")
     rids = body.get("rid")
     if is_batch and isinstance(rids, str):
         raise bad_request("'rid' must be a list with one id per prompt for a batch request")
@@ -62,7 +63,8 @@ def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers: dict[
     reqs = []
     for i, ids in enumerate(prompts):
         try:
-            return_logprob = bool(list_or_item(body.get("return_logprob"), n, i, "return_logprob"))
+            return_logprob = strict_bool(list_or_item(body.get("return_logprob"), n, i, "return_logprob"),
+                                         "return_logprob")
             top_n = list_or_item(body.get("top_logprobs_num"), n, i, "top_logprobs_num") or 0
             if isinstance(top_n, bool) or not isinstance(top_n, int):
                 raise bad_request(f"top_logprobs_num must be an integer, got {top_n!r}")
@@ -131,7 +133,7 @@ async def _chunks(run: RequestRun, ctx: ServerContext, is_batch: bool) -> AsyncI
 async def generate(request: Request) -> Response:
     ctx: ServerContext = request.app.state.ctx
     body = await read_json_object(request)
-    reqs, is_batch = parse_generate_body(body, ctx, dict(request.headers))
+    reqs, is_batch = await parse_generate_body(body, ctx, dict(request.headers))
 
     def on_done(run: RequestRun) -> Response:
         results = [generate_result(s, ctx) for s in run.states]
@@ -139,4 +141,5 @@ async def generate(request: Request) -> Response:
 
     return await respond(request, ctx.tm, reqs, reqs[0].stream, on_done,
                          lambda run: _chunks(run, ctx, is_batch),
-                         return_text_in_logprobs=bool(body.get("return_text_in_logprobs")))
+                         return_text_in_logprobs=strict_bool(body.get("return_text_in_logprobs"),
+                                                             "return_text_in_logprobs"))

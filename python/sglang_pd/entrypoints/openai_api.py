@@ -18,7 +18,8 @@ from sglang_pd.entrypoints.responses import (SSE_DONE, OrjsonResponse, list_or_i
 from sglang_pd.entrypoints.runner import RequestRun, respond
 from sglang_pd.frontend.chat_template import ChatTemplateError
 from sglang_pd.frontend.errors import ApiError, bad_request
-from sglang_pd.frontend.inputs import build_generate_req, make_bootstrap, make_slo
+from sglang_pd.frontend.inputs import (build_generate_req, check_batch_size, make_bootstrap,
+                                       make_slo, tokenize)
 from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import GenerateReq
@@ -81,7 +82,10 @@ async def completions(request: Request) -> Response:
     req = parse_body(await read_json_object(request), CompletionRequest)
     check_supported(req)
     raw_prompts, _ = completion_prompts(req.prompt)
-    prompts = [tok.encode(p) if isinstance(p, str) else p for p in raw_prompts]
+    check_batch_size(len(raw_prompts))
+    texts = [p for p in raw_prompts if isinstance(p, str)]
+    encoded = iter(await tokenize(tok, texts, ctx.engine_info) if texts else [])
+    prompts = [next(encoded) if isinstance(p, str) else p for p in raw_prompts]
     reqs = _make_reqs(req, prompts, req.max_tokens, ctx, request, req.logprobs or 0,
                       req.logprobs is not None)
     created, model = int(time.time()), req.model or ctx.model_name
@@ -124,7 +128,7 @@ async def completions(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------- /v1/chat/completions
-def render_chat(req: ChatCompletionRequest, tok: TokenizerBundle) -> list[int]:
+async def render_chat(req: ChatCompletionRequest, tok: TokenizerBundle, ctx: ServerContext) -> list[int]:
     if not req.messages:
         raise bad_request("messages must not be empty")
     messages = []
@@ -144,7 +148,8 @@ def render_chat(req: ChatCompletionRequest, tok: TokenizerBundle) -> list[int]:
         last = messages[-1].get("content") or ""
         cut = prompt.rfind(last)
         prompt = prompt[: cut + len(last)] if last and cut >= 0 else prompt
-    return tok.encode(prompt, add_special_tokens=False)  # the template has BOS etc.
+    # the template has BOS etc.; long prompts are tokenized off the event loop
+    return (await tokenize(tok, [prompt], ctx.engine_info, add_special_tokens=False))[0]
 
 
 @router.post("/v1/chat/completions")
@@ -153,7 +158,7 @@ async def chat_completions(request: Request) -> Response:
     tok = _tokenizer(ctx)
     req = parse_body(await read_json_object(request), ChatCompletionRequest)
     check_supported(req)
-    ids = render_chat(req, tok)
+    ids = await render_chat(req, tok, ctx)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     top_n = (req.top_logprobs or 0) if req.logprobs else 0

@@ -11,6 +11,7 @@ from typing import Any, Optional, TypeVar
 import msgspec
 
 from sglang_pd.frontend.errors import bad_request
+from sglang_pd.frontend.limits import MAX_TOP_LOGPROBS
 from sglang_pd.protocol import SamplingParams
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -50,6 +51,16 @@ class _Common(msgspec.Struct, kw_only=True):
     bootstrap_port: Any = None
     bootstrap_room: Any = None
     slo: Optional[dict[str, Any]] = None
+    # structured output (SGLang and vLLM names): refused until supported, never silently ignored
+    regex: Any = None
+    json_schema: Any = None
+    ebnf: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structural_tag: Any = None
+    response_format: Optional[dict[str, Any]] = None
 
     @property
     def include_usage(self) -> bool:
@@ -73,7 +84,8 @@ class ChatCompletionRequest(_Common, kw_only=True):
     top_logprobs: Optional[int] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None
-    response_format: Optional[dict[str, Any]] = None
+    functions: Any = None
+    function_call: Any = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     continue_final_message: bool = False
 
@@ -85,7 +97,19 @@ def parse_body(body: dict[str, Any], cls: type[T]) -> T:
         raise bad_request(f"invalid request: {e}") from None
 
 
+_STRUCTURED = ("regex", "json_schema", "ebnf", "guided_json", "guided_regex", "guided_choice",
+               "guided_grammar", "structural_tag")
+# chat_template_kwargs may not override what the server itself passes to the template
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
 def check_supported(req: _Common) -> None:
+    given = [name for name in _STRUCTURED if getattr(req, name) not in (None, "", [], {})]
+    if given:
+        raise bad_request(f"structured output is not supported by this server: {', '.join(given)}")
+    fmt = (req.response_format or {}).get("type", "text") if isinstance(req.response_format, dict) else "text"
+    if fmt != "text":
+        raise bad_request(f"response_format type {fmt!r} is not supported (only 'text')")
     if req.n != 1:
         raise bad_request(f"n must be 1 (parallel sampling is not supported), got {req.n}")
     if req.logit_bias:
@@ -97,14 +121,21 @@ def check_supported(req: _Common) -> None:
             raise bad_request(f"best_of must be 1, got {req.best_of}")
         if req.suffix:
             raise bad_request("suffix is not supported")
-        if req.logprobs is not None and req.logprobs < 0:
-            raise bad_request(f"logprobs must be >= 0, got {req.logprobs}")
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}")
     if isinstance(req, ChatCompletionRequest):
-        fmt = (req.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise bad_request(f"response_format type {fmt!r} is not supported (only 'text')")
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-            raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
+        if req.functions or req.function_call not in (None, "none", "auto"):
+            raise bad_request("functions / function_call are not supported (tool calling is not "
+                              "implemented)")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise bad_request(f"tool_choice {req.tool_choice!r} is not supported (tool calling is "
+                              "not implemented; only 'none' or 'auto')")
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(req.chat_template_kwargs or {}))
+        if reserved:
+            raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)} (the server "
+                              "sets them from the request)")
 
 
 def to_sampling_params(req: _Common, max_new_tokens: int | None) -> SamplingParams:

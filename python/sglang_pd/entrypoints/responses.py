@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sglang_pd.frontend.errors import ApiError, bad_request
+from sglang_pd.frontend.limits import MAX_BODY_BYTES
 from sglang_pd.frontend.request_state import ReqState
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -23,15 +24,29 @@ class OrjsonResponse(Response):
 
 
 def error_response(error: ApiError) -> OrjsonResponse:
-    return OrjsonResponse(error.body(), status_code=error.status)
+    return OrjsonResponse(error.body(), status_code=error.status, headers=error.headers or None)
 
 
 def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body, refused with 413 as soon as it exceeds ``limit`` (declared or streamed)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body has {int(declared)} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await read_body(request)
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:

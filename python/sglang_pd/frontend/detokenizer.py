@@ -70,15 +70,30 @@ def stop_holdback(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of ``text`` that could still grow into a stop string.
 
     While streaming, such a suffix must not be shown yet: if the stop string completes, the
-    trimmed final text will not contain it.
+    trimmed final text will not contain it. Linear in the stop strings' lengths (a prefix
+    function over ``stop + sep + tail``), since it runs on every streamed update.
     """
     longest = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:k]):
-                longest = k
-                break
+        if len(stop) > 1 and text:
+            longest = max(longest, _overlap(stop, text[-(len(stop) - 1):]))
     return longest
+
+
+def _overlap(stop: str, tail: str) -> int:
+    """Longest k such that ``tail`` ends with ``stop[:k]`` (k < len(stop): tail is shorter)."""
+    if "\0" in stop:  # the separator must not occur in the pattern: the plain scan then
+        return next((k for k in range(len(tail), 0, -1) if tail.endswith(stop[:k])), 0)
+    s = stop + "\0" + tail
+    pi = [0] * len(s)
+    for i in range(1, len(s)):
+        k = pi[i - 1]
+        while k and s[i] != s[k]:
+            k = pi[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        pi[i] = k
+    return pi[-1]
 
 
 def trim_at_stop(text: str, matched: str) -> str:

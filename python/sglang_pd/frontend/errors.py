@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+          413: "RequestTooLargeError",
           500: "InternalServerError", 503: "ServiceUnavailableError", 504: "TimeoutError"}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}  # e.g. Retry-After on 503
 
     @property
     def error_type(self) -> str:

@@ -6,12 +6,17 @@ Every check the frontend can make without the engine happens here, so bad reques
 
 from __future__ import annotations
 
+import asyncio
+import math
 import uuid
 from typing import Any
 
 import msgspec
 
+from sglang_pd.disaggregation.addr import validate_bootstrap_addr
 from sglang_pd.frontend.errors import ApiError, bad_request
+from sglang_pd.frontend.limits import MAX_BATCH_PROMPTS, MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS
+from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import BootstrapInfo, EngineReady, GenerateReq, SamplingParams, SloSpec
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
@@ -25,8 +30,43 @@ _UNSUPPORTED_WHEN_SET = frozenset({
 _IGNORED = frozenset({"stream_interval", "no_repeat_ngram_size"})
 
 
+# below this many characters tokenizing inline is cheaper than a thread hop
+INLINE_TOKENIZE_CHARS = 8192
+
+
 def new_rid() -> str:
     return uuid.uuid4().hex
+
+
+def strict_bool(value: Any, name: str, default: bool = False) -> bool:
+    """JSON true/false (or absent): "false" or 1 are refused rather than read as truthy."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    raise bad_request(f"{name} must be true or false, got {value!r}")
+
+
+def check_batch_size(n: int) -> None:
+    if n > MAX_BATCH_PROMPTS:
+        raise bad_request(f"a request may carry at most {MAX_BATCH_PROMPTS} prompts, got {n}")
+
+
+async def tokenize(tokenizer: TokenizerBundle, texts: list[str], engine: EngineReady,
+                   add_special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of ``texts``. A text longer than any prompt that fits the context is refused
+    by its length first; big texts are tokenized off the event loop (/health stays live)."""
+    check_batch_size(len(texts))
+    if engine.context_length:
+        limit = engine.context_length * MAX_CHARS_PER_TOKEN
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                which = f"prompt {i}" if len(texts) > 1 else "the prompt"
+                raise bad_request(f"{which} has {len(text)} characters; no prompt over {limit} "
+                                  f"characters fits the model's context of {engine.context_length} tokens")
+    if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+        return tokenizer.encode_batch(texts, add_special_tokens)
+    return await asyncio.to_thread(tokenizer.encode_batch, texts, add_special_tokens)
 
 
 def parse_sampling_params(raw: Any) -> SamplingParams:
@@ -62,7 +102,7 @@ def make_slo(body_slo: Any, headers: dict[str, str]) -> SloSpec | None:
             try:
                 values[key] = float(headers[header])
             except ValueError:
-                raise bad_request(f"header {header} must be a number, got {headers[header]!r}")
+                raise bad_request(f"header {header} must be a number, got {headers[header]!r}") from None
     if body_slo is not None:
         if not isinstance(body_slo, dict):
             raise bad_request("slo must be an object like {\"ttft_ms\": 500, \"tpot_ms\": 50}")
@@ -75,8 +115,8 @@ def make_slo(body_slo: Any, headers: dict[str, str]) -> SloSpec | None:
         raise bad_request(f"invalid slo: {e}") from None
     for name in ("ttft_ms", "tpot_ms"):
         value = getattr(slo, name)
-        if value is not None and value <= 0:
-            raise bad_request(f"slo.{name} must be > 0, got {value}")
+        if value is not None and not (value > 0 and math.isfinite(value)):  # NaN fails too
+            raise bad_request(f"slo.{name} must be a positive finite number of ms, got {value}")
     return slo
 
 
@@ -91,7 +131,13 @@ def make_bootstrap(host: Any, port: Any, room: Any, default_port: int) -> Bootst
     for name, value in (("bootstrap_port", port), ("bootstrap_room", room)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise bad_request(f"{name} must be an integer, got {value!r}")
-    return BootstrapInfo(host=host, port=default_port if port is None else port, room=room)
+    port = default_port if port is None else port
+    problem = validate_bootstrap_addr(host, port)
+    if problem:
+        raise bad_request(problem)
+    if not 0 <= room < 2**63:
+        raise bad_request(f"bootstrap_room must be a 63-bit non-negative integer, got {room}")
+    return BootstrapInfo(host=host, port=port, room=room)
 
 
 def check_input_ids(ids: Any, engine: EngineReady) -> list[int]:
@@ -121,8 +167,8 @@ def build_generate_req(*, input_ids: list[int], sampling: SamplingParams, engine
     problem = sampling.validate(engine.vocab_size or None)
     if problem:
         raise bad_request(problem)
-    if top_logprobs_num < 0:
-        raise bad_request(f"top_logprobs_num must be >= 0, got {top_logprobs_num}")
+    if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num}")
     if engine.context_length:
         # Never ask for more tokens than fit; the engine then reports finish_reason "length".
         room = engine.context_length - len(input_ids)

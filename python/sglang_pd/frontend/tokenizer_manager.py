@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from sglang_pd.frontend.detokenizer import IncrementalDetokenizer, OutputText
 from sglang_pd.frontend.errors import ApiError
+from sglang_pd.frontend.limits import RETRY_AFTER_S
 from sglang_pd.frontend.metrics import FrontendMetrics
 from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer import TokenizerBundle
@@ -44,6 +45,7 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}
         self.pending_calls: dict[int, asyncio.Future[ControlResp]] = {}
         self.last_stats: EngineStats | None = None
+        self.last_engine_msg = time.monotonic()  # the watchdog's heartbeat: any engine message
         self.engine_dead = False
         self.stopping = False  # set once we asked the engine to exit: its death is expected
         self.on_engine_death: Callable[[], None] | None = None  # set by launch_server
@@ -96,6 +98,11 @@ class TokenizerManager:
         """Register and send requests; their states share one notify event."""
         if self.engine_dead:
             raise ApiError(503, f"{ENGINE_DIED}; the server is shutting down")
+        limit = self.server_args.max_queued_requests
+        if len(self.states) + len(reqs) > limit:
+            raise ApiError(503, f"the server holds {len(self.states)} requests, its limit "
+                                f"(--max-queued-requests) is {limit}; retry shortly",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         duplicate = [r.rid for r in reqs if r.rid in self.states]
         if duplicate or len({r.rid for r in reqs}) != len(reqs):
             raise ApiError(400, f"duplicate request id(s): {', '.join(duplicate) or 'in batch'}")
@@ -151,11 +158,26 @@ class TokenizerManager:
         finally:
             self.pending_calls.pop(call_id, None)
 
+    def stall_reason(self) -> str | None:
+        """Why /health should fail (the watchdog, --watchdog-timeout): the engine loop sent
+        nothing while requests wait on it, or it reports queued work making no progress."""
+        limit = self.server_args.watchdog_timeout
+        silent = time.monotonic() - self.last_engine_msg
+        if self.states and silent > limit:
+            return (f"the engine sent nothing for {silent:.0f} s with {len(self.states)} requests "
+                    f"pending (--watchdog-timeout {limit:g} s)")
+        stall = self.last_stats.engine_stall_s if self.last_stats is not None else 0.0
+        if stall > limit:
+            return (f"the engine made no progress for {stall:.0f} s with work queued "
+                    f"(--watchdog-timeout {limit:g} s)")
+        return None
+
     # ------------------------------------------------------------------ receive side
     async def _recv_loop(self) -> None:
         assert self._pull is not None
         while True:
             data = await self._pull.recv()
+            self.last_engine_msg = time.monotonic()
             try:
                 msg = decode_from_engine(data)
             except msgspec.DecodeError:
@@ -231,17 +253,25 @@ class TokenizerManager:
                 return
             await asyncio.sleep(0.5)
 
+    def fail_all(self, status: int, message: str) -> None:
+        """Finish every request in flight with an error its handler answers in the JSON (or
+        final SSE event) shape, and tell the engine to drop them."""
+        if self.states:
+            logger.warning("%s; failing %d in-flight requests", message, len(self.states))
+        for state in list(self.states.values()):
+            state.error_status = status
+            self._finish(state, {"type": "abort", "message": message}, [])
+            state.updated = True
+            state.notify.set()
+            if not self.engine_dead and self._push is not None:
+                self._send(AbortReq(rid=state.rid))
+
     def mark_engine_dead(self) -> None:
         """Fail everything in flight with 503 and tell the server to go down."""
         if self.engine_dead:
             return
         self.engine_dead = True
-        logger.warning("%s; failing %d in-flight requests", ENGINE_DIED, len(self.states))
-        for state in list(self.states.values()):
-            state.error_status = 503
-            self._finish(state, {"type": "abort", "message": ENGINE_DIED}, [])
-            state.updated = True
-            state.notify.set()
+        self.fail_all(503, ENGINE_DIED)
         for future in self.pending_calls.values():
             if not future.done():
                 future.set_exception(ApiError(503, ENGINE_DIED))

@@ -1,0 +1,178 @@
+"""Issue 22 regression tests over HTTP, in front of the fake engine: bounded inputs, strict
+validation, stable error texts, queue limit, watchdog, and a drain that outlives its grace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fake_engine import write_tiny_model_dir  # noqa: E402
+from test_http_fake_engine import start_server, stop_server  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMP = {"model": "m", "prompt": "hi", "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_tiny_model_dir(str(tmp_path_factory.mktemp("model")), context_length=256)
+
+
+@pytest.fixture(scope="module")
+def url(model_dir: str, tmp_path_factory: pytest.TempPathFactory):
+    srv = start_server(model_dir, str(tmp_path_factory.mktemp("log") / "s.log"))
+    try:
+        yield srv.url
+    finally:
+        stop_server(srv)
+
+
+def _err(r: httpx.Response, status: int, needle: str) -> None:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert needle in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("path, body, needle", [
+    ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"tools": []}}, "may not set tools"),
+    ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"add_generation_prompt": False}},
+     "add_generation_prompt"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required", "tools": []}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 7000}, "top_logprobs"),
+    ("/v1/completions", {**COMP, "logprobs": 7000}, "logprobs must be in [0, 20]"),
+    ("/v1/completions", {**COMP, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/completions", {**COMP, "regex": "[a-z]+"}, "structured output"),
+    ("/v1/chat/completions", {**CHAT, "guided_json": {"type": "object"}}, "structured output"),
+    ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 7000}, "[0, 20]"),
+    ("/generate", {"text": "hi", "return_logprob": "yes"}, "true or false"),
+    ("/generate", {"text": "hi", "sampling_params": {"stop": ["ab"] * 10_000}}, "stop strings"),
+    ("/generate", {"text": ["hi"] * 1000}, "at most 512 prompts"),
+    ("/generate", {"text": "x" * 100_000}, "characters"),
+    ("/abort_request", {"abort_all": "false"}, "abort_all must be true or false"),
+])
+def test_bad_input_is_a_400_with_a_message(url: str, path: str, body: dict, needle: str) -> None:
+    _err(httpx.post(url + path, json=body, timeout=30), 400, needle)
+
+
+def test_nan_slo_header_is_a_400(url: str) -> None:
+    r = httpx.post(url + "/generate", json={"text": "hi"}, headers={"x-slo-ttft-ms": "nan"})
+    _err(r, 400, "positive finite")
+
+
+def test_oversized_body_is_a_413_and_health_stays_live(url: str) -> None:
+    body = b'{"text": "' + b"a" * (17 << 20) + b'"}'
+    r = httpx.post(url + "/generate", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    _err(r, 413, "limit")
+    assert httpx.get(url + "/health", timeout=5).status_code == 200
+
+
+def test_long_text_is_tokenized_off_the_event_loop(url: str) -> None:
+    """A text near the character limit must not freeze /health while it is tokenized."""
+    results: dict[str, Any] = {}
+
+    def big() -> None:
+        results["r"] = httpx.post(url + "/generate", json={"text": "ab " * 2700,
+                                                           "sampling_params": {"max_new_tokens": 1}},
+                                  timeout=60)
+
+    t = threading.Thread(target=big)
+    t.start()
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    t.join()
+    assert results["r"].status_code in (200, 400), results["r"].text  # 400: over the context
+
+
+def test_queue_limit_answers_503_with_retry_after(model_dir: str, tmp_path) -> None:
+    srv = start_server(model_dir, str(tmp_path / "q.log"), "--max-queued-requests", "2",
+                       env={"FAKE_ENGINE_STEP_S": "0.2"})
+    try:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 40}}
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            done: list[int] = []
+            threads = [threading.Thread(target=lambda: done.append(c.post("/generate", json=body).status_code))
+                       for _ in range(2)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 10
+            while c.get("/get_load").json()["num_frontend_reqs"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            r = c.post("/generate", json=body)
+            _err(r, 503, "--max-queued-requests")
+            assert r.headers["retry-after"] == "1"
+            for t in threads:
+                t.join()
+            assert done == [200, 200]
+    finally:
+        stop_server(srv)
+
+
+def test_watchdog_fails_health_when_the_engine_stops_answering(model_dir: str, tmp_path) -> None:
+    """Issue 22 item 8: a stuck engine looked healthy forever."""
+    srv = start_server(model_dir, str(tmp_path / "w.log"), "--watchdog-timeout", "1",
+                       env={"FAKE_ENGINE_STEP_S": "60"})  # the fake engine then sleeps 60 s
+    try:
+        assert httpx.get(srv.url + "/health").status_code == 200
+        def stuck_request() -> None:
+            try:
+                httpx.post(srv.url + "/generate", json={"text": "hi"}, timeout=5)
+            except httpx.HTTPError:
+                pass  # expected: the engine never answers
+
+        t = threading.Thread(target=stuck_request, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        status = 200
+        while status == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = httpx.get(srv.url + "/health").status_code
+        assert status == 503
+        assert "watchdog" in httpx.get(srv.url + "/health").json()["error"]["message"]
+    finally:
+        stop_server(srv)
+
+
+def test_drain_past_grace_answers_json_and_a_final_sse_error(model_dir: str, tmp_path) -> None:
+    """Issue 22 item 10: past the grace period clients got plain-text 500s and cut streams."""
+    srv = start_server(model_dir, str(tmp_path / "d.log"),
+                       env={"FAKE_ENGINE_STEP_S": "0.2", "SGLANG_PD_SHUTDOWN_GRACE_S": "2"})
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 100}}
+    out: dict[str, Any] = {}
+
+    def plain() -> None:
+        out["plain"] = httpx.post(srv.url + "/generate", json=body, timeout=60)
+
+    def stream() -> None:
+        events = []
+        with httpx.stream("POST", srv.url + "/generate", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and line.strip() != "data: [DONE]":
+                    events.append(json.loads(line[5:]))
+        out["events"] = events
+
+    threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        srv.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(30)
+        assert srv.proc.wait(30) == 0
+    finally:
+        stop_server(srv)
+    r = out["plain"]
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+    assert out["events"] and "error" in out["events"][-1]
+    assert "shutting down" in out["events"][-1]["error"]["message"]
