@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
-source scripts/setup_env.sh test
+source scripts/setup_env.sh test,bench  # bench: plots of the load test
 export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}" NIXL_LOG_LEVEL="${NIXL_LOG_LEVEL:-WARN}"
 
 MODEL_DIR="${MODEL_DIR:-models/tiny-llama}"

@@ -50,7 +50,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+import msgspec
+
 from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.profile import Profile, load_profile
 from sglang_pd.scheduling.step import ForwardMode, StepProfile
 
 _NF = 5  # features: launch (1), per request (B), attention (sum L(L+2H)), new tokens (L), context (H)
@@ -149,10 +152,29 @@ class PrefillCostModel:
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig) -> "PrefillCostModel":
-        # TODO(lead): when scheduling/profile.py lands, load ``cfg.cost_model_profile`` with its
-        # loader and pass its prefill grid here: cls(prior=<its coefficients, b and g_w timed
-        # apart>, prior_grid=[PrefillPoint(...) per measured step]).
-        return cls()
+        """The cold-start prior, or the prefill section of ``cfg.cost_model_profile``."""
+        if not cfg.cost_model_profile:
+            return cls()
+        return cls.from_profile(load_profile(cfg.cost_model_profile))
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **kwargs) -> "PrefillCostModel":
+        """A profile's measured prefill steps as the prior grid (docs/profile.md). Prior
+        coefficients: the profile's ``coeffs`` (b and g_w timed apart) when given, else fitted to
+        the grid, whose b/g_w split is then unknown (``boundary_tokens`` is None)."""
+        if profile.prefill is None:
+            return cls(**kwargs)
+        pts = [PrefillPoint(b, l, h, t) for b, l, h, t in profile.prefill.points()]
+        spec = profile.prefill.coeffs
+        if spec is not None:
+            return cls(PrefillCoeffs(**msgspec.structs.asdict(spec)), pts, **kwargs)
+        fit = cls(prior_weight=0.0, min_samples=1, window=len(pts))
+        for p in pts:
+            fit.add_sample(p)
+        c = fit.coeffs
+        model = cls(replace(c, b=c.b + c.g_w, g_w=0.0), pts, **kwargs)
+        model.compute_share = None
+        return model
 
     # ------------------------------------------------------------------ predictions
     def step_s(self, chunks: Iterable[tuple[int, int]]) -> float:
