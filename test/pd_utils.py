@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from server_utils import ServerHandle, free_port, start_server
 
 # The same paging and chunking as the colocated fixture (test/conftest.py), so outputs compare.
@@ -56,8 +57,29 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1", **(env or {})}
 
 
+def nixl_missing() -> str | None:
+    """None if NIXL imports, else why not. PD servers move KV with NIXL (the only transfer
+    backend), so without it a prefill or decode server cannot start."""
+    try:
+        import nixl._api  # noqa: F401
+    except (ImportError, OSError) as e:  # missing package, or a broken native library
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def require_nixl() -> None:
+    """Skip the calling test or fixture, with the reason, when NIXL cannot be imported.
+    start_prefill / start_decode / start_all call it, so every PD test skips instead of
+    erroring; a module can also mark itself with ``pytest.mark.skipif(nixl_missing() ...)``."""
+    why = nixl_missing()
+    if why is not None:
+        pytest.skip(f"PD needs NIXL, which cannot be imported ({why}); "
+                    "install it with scripts/setup_env.sh or `pip install --no-deps nixl nixl-cu13`")
+
+
 def start_prefill(model_dir: str, log_dir: Path, *flags: str, env: dict[str, str] | None = None,
                   port: int | None = None, bootstrap_port: int | None = None) -> Prefill:
+    require_nixl()
     bootstrap_port = bootstrap_port or free_port()
     server = start_server(model_dir, log_dir, "--mode", "prefill",
                           "--disaggregation-bootstrap-port", str(bootstrap_port), *PD_FLAGS, *flags,
@@ -67,6 +89,7 @@ def start_prefill(model_dir: str, log_dir: Path, *flags: str, env: dict[str, str
 
 def start_decode(model_dir: str, log_dir: Path, *flags: str, env: dict[str, str] | None = None,
                  port: int | None = None) -> ServerHandle:
+    require_nixl()
     return start_server(model_dir, log_dir, "--mode", "decode", *PD_FLAGS, *flags, port=port,
                         env=_env(env))
 
@@ -90,6 +113,7 @@ def start_all(model_dir: str, log_dir: Path, n_prefill: int, n_decode: int,
               ) -> tuple[list[Prefill], list[ServerHandle]]:
     """Start the servers in parallel (much of a start is process spawn and imports); on any
     failure stop the ones that did start."""
+    require_nixl()  # here, not only in the worker threads
     ports = distinct_ports(2 * n_prefill + n_decode)
     with ThreadPoolExecutor(n_prefill + n_decode) as pool:
         p_futs = [pool.submit(start_prefill, model_dir, log_dir, *prefill_flags, env=env,

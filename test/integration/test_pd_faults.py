@@ -268,3 +268,12 @@ def test_max_new_tokens_zero_produces_no_token_in_pd(pd) -> None:
     assert res.prefill_status == 200 and res.decode_status == 200, (res.prefill_body, res.decode_body)
     assert res.decode_body["output_ids"] == [] and res.decode_body["meta_info"]["completion_tokens"] == 0
     assert time.monotonic() - t0 < TIMEOUT_S  # no bootstrap wait on either side
+
+
+def test_health_generate_works_on_pd_servers(pd) -> None:
+    """Issue 22 item 7: it sent no bootstrap fields and always failed on PD servers; now it
+    runs locally (fake bootstrap host), as SGLang's PD servers answer it."""
+    for url in (pd.prefill.base_url, pd.decode.base_url):
+        r = httpx.get(url + "/health_generate", timeout=30)
+        assert r.status_code == 200, (url, r.text)
+        wait_free_pages(url, pd.total_pages[url], timeout=SLACK_S)

@@ -17,6 +17,7 @@ from pd_utils import (
     Prefill,
     async_client,
     load,
+    nixl_missing,
     pd_request,
     read_sse,
     start_all,
@@ -24,7 +25,9 @@ from pd_utils import (
     wait_free_pages,
 )
 
-pytestmark = pytest.mark.timeout(300)
+# skip before the colocated reference runs (start_all would skip the PD half anyway)
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(nixl_missing() is not None, reason=f"PD needs NIXL: {nixl_missing()}")]
 
 CORPUS = Path(__file__).resolve().parents[2] / "python" / "sglang_pd" / "tools" / "corpus"
 # Lengths around chunk (64) and page (4) boundaries, up to 14 chunks / 225 pages.

@@ -9,8 +9,6 @@ import json
 import httpx
 import pytest
 
-openai = pytest.importorskip("openai")
-
 
 def _load(base_url: str) -> dict:
     r = httpx.get(base_url + "/get_load", timeout=10)
@@ -20,6 +18,9 @@ def _load(base_url: str) -> dict:
 
 
 def test_openai_client_completions_and_chat(colocated_server) -> None:
+    # only this test needs the client (the `test` extra); the others speak plain HTTP
+    openai = pytest.importorskip("openai", reason="the openai client is not installed "
+                                 "(pip install -e '.[test]')")
     client = openai.OpenAI(base_url=colocated_server.base_url + "/v1", api_key="none")
     model = client.models.list().data[0].id
     comp = client.completions.create(model=model, prompt="The river flows", max_tokens=12, temperature=0)

@@ -157,6 +157,25 @@ def _short(value: Any) -> str:
     return text if len(text) < 40 else text[:37] + "..."
 
 
+def _pin_pd_fields(cases: list[Case], pd: dict[str, Any], rng: random.Random) -> None:
+    """PD: every case gets its own valid room (hostile invalid rooms stay) and the real
+    bootstrap address. A shared room, or a well-formed address where no prefill listens, is
+    a client error that correctly ends in a transfer failure (502/503) after the PD timeouts;
+    the validator of malformed addresses is fuzzed in colocated mode and unit-tested."""
+    for c in cases:
+        try:
+            body = json.loads(c.body)
+        except (ValueError, RecursionError):
+            continue  # raw hostile bodies stay as they are
+        if not isinstance(body, dict) or "bootstrap_room" not in body:
+            continue
+        room = body["bootstrap_room"]
+        if isinstance(room, int) and not isinstance(room, bool) and 0 <= room < 2**63:
+            body["bootstrap_room"] = rng.randrange(1, 2**62)
+        body.update(bootstrap_host=pd["bootstrap_host"], bootstrap_port=pd["bootstrap_port"])
+        c.body = _dump(body)
+
+
 @dataclass
 class Result:
     status: int
@@ -168,9 +187,14 @@ async def _send(session: aiohttp.ClientSession, base: str, case: Case, timeout: 
                 prefill: str | None = None) -> Result:
     """With ``prefill`` (PD), the same body also goes there, as a router sends it."""
     if prefill is not None and case.method == "POST" and case.path != "/abort_request":
-        res, _ = await asyncio.gather(_send(session, base, case, timeout),
-                                      _send(session, prefill, case, timeout))
-        return res  # the decode half is what the client sees; the prefill half must not hang it
+        # as a router: the decode half is what the client sees; once it is answered the
+        # prefill half is given a moment, then its connection is closed (prefill aborts it)
+        other = asyncio.ensure_future(_send(session, prefill, case, timeout))
+        res = await _send(session, base, case, timeout)
+        done, _ = await asyncio.wait({other}, timeout=2.0)
+        if not done:
+            other.cancel()
+        return res
     headers = {"content-type": "application/json", **case.headers}
     try:
         async with session.request(case.method, base + case.path, data=case.body or None, headers=headers,
@@ -199,11 +223,8 @@ async def run_fuzz(base: str, n: int, seed: int = 0, concurrency: int = 8, timeo
             model = (await resp.json())["data"][0]["id"]
         free0, total = await _free_pages(session, base)
         cases = make_cases(n, seed, model, pd or {})
-        if pd:  # a fresh room per case (a hostile mutation may still set its own)
-            rooms = random.Random(seed + 1)
-            for c in cases:
-                c.body = c.body.replace(b'"bootstrap_room": 12345', b'"bootstrap_room": %d'
-                                        % rooms.randrange(1, 2**62))
+        if pd:
+            _pin_pd_fields(cases, pd, random.Random(seed + 1))
         sem = asyncio.Semaphore(concurrency)
         done = 0
         t0 = time.monotonic()
@@ -244,6 +265,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
     ap.add_argument("--bootstrap", help="HOST:PORT of a prefill's bootstrap server: add PD fields")
     ap.add_argument("--prefill-url", help="send each PD body to this prefill too (as a router does)")
     ap.add_argument("--json", help="write the summary here")
@@ -252,7 +274,7 @@ def main() -> None:
     if args.bootstrap:
         host, _, port = args.bootstrap.rpartition(":")
         pd = {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": 12345}
-    summary = asyncio.run(run_fuzz(args.url.rstrip("/"), args.cases, args.seed, args.concurrency, pd=pd,
+    summary = asyncio.run(run_fuzz(args.url.rstrip("/"), args.cases, args.seed, args.concurrency, args.timeout, pd=pd,
                                     prefill=args.prefill_url.rstrip("/") if args.prefill_url else None))
     for f in summary["failures"][:50]:
         print(f"  FAIL {f['status']} {f['path']} {f['what']} {f['error']}")

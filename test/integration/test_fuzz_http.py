@@ -1,0 +1,37 @@
+"""Issue 22 bar: hostile inputs (tools/fuzz_http.py) against the real server, colocated and a
+PD decode (with its prefill, as a router sends them): no 5xx, no timeout, no engine exit, and
+every KV page free again afterwards. `python -m sglang_pd.tools.fuzz_http` runs more cases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pd_utils import start_all, stop_all
+from sglang_pd.tools.fuzz_http import run_fuzz
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _check(summary: dict) -> None:
+    print(f"\n{summary['cases']} cases, statuses {summary['by_status']}")
+    assert summary["failures"] == [], summary["failures"][:10]
+    assert summary["healthy_after"]
+    assert summary["free_pages_after"] == summary["free_pages_before"] == summary["total_pages"]
+
+
+def test_fuzz_colocated(colocated_server) -> None:
+    _check(asyncio.run(run_fuzz(colocated_server.base_url, 400, seed=11, timeout=60, progress=False)))
+
+
+def test_fuzz_pd_decode(tiny_model_dir, tmp_path) -> None:
+    prefills, decodes = start_all(tiny_model_dir, tmp_path, 1, 1)
+    try:
+        p = prefills[0]
+        pd = {"bootstrap_host": "127.0.0.1", "bootstrap_port": p.bootstrap_port, "bootstrap_room": 1}
+        summary = asyncio.run(run_fuzz(decodes[0].base_url, 300, seed=12, timeout=60, pd=pd,
+                                       prefill=p.base_url, progress=False))
+        _check(summary)
+    finally:
+        stop_all(prefills, decodes)
