@@ -7,10 +7,9 @@ needs real (milliseconds of) time, so ``until`` spins with short sleeps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import pytest
+from polling import until
 import torch
 from sglang_pd.disaggregation import messages as m
 from sglang_pd.disaggregation.bootstrap import (
@@ -28,20 +27,9 @@ from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
 
 pytestmark = pytest.mark.timeout(60)
-T = TypeVar("T")
 ENVS = DisaggEnvs(
     bootstrap_timeout=30, waiting_timeout=30, heartbeat_interval=1.0, heartbeat_max_failure=2
 )
-
-
-def until(fn: Callable[[], T], what: str, timeout: float = 5.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(0.002)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def layout(page_size: int = 4, num_pages: int = 16) -> KVLayout:

@@ -8,10 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import pytest
+from polling import until
 import torch
 from sglang_pd.disaggregation import messages as m
 from sglang_pd.disaggregation.addr import tcp_endpoint, validate_bootstrap_addr
@@ -23,20 +22,9 @@ from sglang_pd.disaggregation.state import Failure, KVReceiverState, KVSenderSta
 from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
 
 pytestmark = pytest.mark.timeout(60)
-T = TypeVar("T")
 HOST = "127.0.0.1"
 ENVS = DisaggEnvs(bootstrap_timeout=30, waiting_timeout=30, heartbeat_interval=1.0,
                   heartbeat_max_failure=2)  # G = 3 s; quarantine_limit = 63 s
-
-
-def until(fn: Callable[[], T], what: str, timeout: float = 5.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(0.002)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Pool:

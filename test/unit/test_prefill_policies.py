@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from policy_helpers import CountingKV, FakeReq
 from sglang_pd.engine.page_allocator import CountingAllocator
 from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.scheduling.config import PolicyConfig
@@ -195,39 +196,6 @@ def test_figure2_64k_stream_kairos_plus_rescues_the_long_one_sjf_starves_it() ->
 
 
 # ---------------------------------------------------------------- walk rules, bare budget
-@dataclass(eq=False)
-class FakeReq:
-    rid: str
-    arrival: float
-    prompt_len: int
-    prefilled_len: int = 0
-    cached_len: int = 0
-    n_generated: int = 0
-    first_token_time: float | None = None
-    slo_ttft_s: float | None = None
-    slo_tpot_s: float | None = None
-    predicted_output_len: int | None = None
-
-    @property
-    def prefill_remaining(self) -> int:
-        return self.prompt_len - self.prefilled_len
-
-    @property
-    def seq_len(self) -> int:
-        return self.prompt_len + self.n_generated
-
-
-class CountingKV:
-    def __init__(self, free_tokens: int) -> None:
-        self.free = free_tokens
-
-    def can_admit(self, req: SchedReq, new_tokens: int) -> bool:
-        return new_tokens <= self.free
-
-    def admit(self, req: SchedReq, new_tokens: int) -> None:
-        self.free -= new_tokens
-
-
 def _budget(tokens: int = 100, chunk: int = 64, slots: int = 8, kv: int = 10_000) -> PrefillBudget:
     return PrefillBudget(token_budget=tokens, chunk_size=chunk, new_req_slots=slots, kv=CountingKV(kv))
 
