@@ -59,7 +59,8 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
 
 def nixl_missing() -> str | None:
     """None if NIXL imports, else why not. PD servers move KV with NIXL (the only transfer
-    backend), so without it a prefill or decode server cannot start."""
+    backend), so without it a prefill or decode server cannot start. (The same check as
+    ``nixl_transport.nixl_available``, copied so that the test process need not import torch.)"""
     try:
         import nixl._api  # noqa: F401
     except (ImportError, OSError) as e:  # missing package, or a broken native library

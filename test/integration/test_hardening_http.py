@@ -60,6 +60,12 @@ def _err(r: httpx.Response, status: int, needle: str) -> None:
     ("/generate", {"text": ["hi"] * 1000}, "at most 512 prompts"),
     ("/generate", {"text": "x" * 100_000}, "characters"),
     ("/abort_request", {"abort_all": "false"}, "abort_all must be true or false"),
+    ("/generate", {"text": "hi", "slo": {"ttft": 100}}, "unknown slo keys: ttft"),
+    ("/v1/completions", {**COMP, "slo": {"tpot": 10}}, "unknown slo keys: tpot"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": {"x": 1}}]}]}, "needs a string 'text'"),
+    ("/generate", {"input_ids": [1] * 300 + ["x"]}, "context length"),
+    ("/v1/completions", {**COMP, "prompt": ["a"] * 600}, "at most 512 prompts"),
 ])
 def test_bad_input_is_a_400_with_a_message(url: str, path: str, body: dict, needle: str) -> None:
     _err(httpx.post(url + path, json=body, timeout=30), 400, needle)
@@ -165,7 +171,10 @@ def test_drain_past_grace_answers_json_and_a_final_sse_error(model_dir: str, tmp
     try:
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 20  # both requests held by the server before the signal
+        while httpx.get(srv.url + "/get_load").json()["num_frontend_reqs"] < 2:
+            assert time.monotonic() < deadline, "the requests never reached the server"
+            time.sleep(0.05)
         srv.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(30)
@@ -176,3 +185,25 @@ def test_drain_past_grace_answers_json_and_a_final_sse_error(model_dir: str, tmp
     assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
     assert out["events"] and "error" in out["events"][-1]
     assert "shutting down" in out["events"][-1]["error"]["message"]
+
+
+def test_streamed_completion_logprobs_match_the_whole_answer(url: str) -> None:
+    """The stream now lists only new tokens per chunk (it re-listed all of them, quadratic);
+    tokens and text offsets joined over the chunks equal the non-streamed answer."""
+    body = {**COMP, "max_tokens": 12, "logprobs": 2}
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=30).json()["choices"][0]
+    tokens: list[str] = []
+    offsets: list[int] = []
+    text = ""
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+                      timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and line.strip() != "data: [DONE]":
+                choice = json.loads(line[5:])["choices"][0]
+                text += choice["text"]
+                if choice["logprobs"]:
+                    tokens += choice["logprobs"]["tokens"]
+                    offsets += choice["logprobs"]["text_offset"]
+    assert text == whole["text"]
+    assert tokens == whole["logprobs"]["tokens"] and len(tokens) == 12
+    assert offsets == whole["logprobs"]["text_offset"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,30 @@ SERVER_MODULES = ("sglang_pd.entrypoints.http_server", "sglang_pd.engine.engine_
 PLOT_MODULES = {"matplotlib", "pyinstrument"}  # the `bench` extra (transformers: tests only)
 
 
+def _names(reqs: list[str]) -> set[str]:
+    """Distribution names of requirement strings, lower-case, without versions or markers."""
+    return {re.split(r"[\s;<>=!~\[]", r, maxsplit=1)[0].lower() for r in reqs}
+
+
+def _requirements(pyproject: Path) -> tuple[set[str], dict[str, set[str]]]:
+    """(base dependency names, extra -> names) of a pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    project = tomllib.loads(pyproject.read_text())["project"]
+    extras = {k: _names(v) for k, v in project.get("optional-dependencies", {}).items()}
+    return _names(project["dependencies"]), extras
+
+
+def test_declared_dependencies():
+    base, extras = _requirements(ROOT / "pyproject.toml")
+    assert not base & PLOT_MODULES, "serving must not depend on plotting libraries"
+    assert "matplotlib" in extras["bench"] and "matplotlib" in extras["test"]  # plot tests run
+    assert "tqdm" in base  # bench_serving's progress bar (sglang_pd/bench/runner.py)
+    router, router_extras = _requirements(ROOT / "router" / "pyproject.toml")
+    allowed = {"aiohttp", "orjson", "uvloop", "tokenizers", "prometheus-client", "msgspec"}
+    assert router <= allowed, f"router dependencies beyond the light set: {router - allowed}"
+    assert not router_extras
+
+
 def test_server_imports_no_plotting():
     code = ("import sys\n"
             + "".join(f"import {m}\n" for m in SERVER_MODULES)
@@ -26,6 +51,17 @@ def test_server_imports_no_plotting():
             + "assert not bad, bad\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_plot_flag_without_matplotlib_fails_before_the_run(monkeypatch, tmp_path):
+    from sglang_pd.bench.cli import build_parser, validate
+
+    args = build_parser().parse_args(["--plot", str(tmp_path)])
+    validate(args)  # matplotlib is installed with the test extra
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not
+    with pytest.raises(ValueError, match=r"--plot needs matplotlib.*\[bench\]"):
+        validate(build_parser().parse_args(["--plot", str(tmp_path)]))
+    validate(build_parser().parse_args([]))  # no --plot: no matplotlib needed
 
 
 def _module_level_imports(tree: ast.Module) -> list[str]:
@@ -77,10 +113,17 @@ def test_router_installs_alone_without_torch(tmp_path):
                        text=True, timeout=600, env=env, cwd=tmp_path)
     if r.returncode != 0:
         out = r.stdout + r.stderr
-        if any(s in out for s in _NO_INDEX):
-            pytest.skip(f"pip cannot reach a package index: {out.strip().splitlines()[-1][:200]}")
+        why = next((line.strip() for line in out.splitlines() if any(s in line for s in _NO_INDEX)),
+                   None)
+        if why is not None:
+            pytest.skip(f"pip cannot reach a package index: {why[:200]}")
         pytest.fail(f"pip install ./router failed:\n{out[-3000:]}")
-    code = ("import importlib.util, sys, sglang_pd_router\n"
+    # every module of the installed router (its CLI, server, policies as they land), so that
+    # one of them importing the server package or torch fails here
+    code = ("import importlib, importlib.util, pkgutil, sys, sglang_pd_router\n"
+            "for m in pkgutil.walk_packages(sglang_pd_router.__path__, 'sglang_pd_router.'):\n"
+            "    if not m.name.endswith('__main__'):\n"
+            "        importlib.import_module(m.name)\n"
             "assert 'torch' not in sys.modules, 'importing the router pulled torch'\n"
             "assert importlib.util.find_spec('torch') is None, 'torch was installed'\n"
             "assert importlib.util.find_spec('sglang_pd') is None, 'the server package came along'\n"

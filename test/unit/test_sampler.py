@@ -77,3 +77,44 @@ def test_logprobs_are_raw_model_logprobs() -> None:
     assert out.token_ids == [2]
     assert math.isclose(out.logprobs[0], float(ref[2]), rel_tol=1e-6)
     assert [t for _, t in out.top_logprobs[0]] == [2, 1]
+
+
+# ---- issue 22: one request's extreme (but valid) settings must not fail or poison the batch
+def test_top_logprobs_past_the_vocabulary_are_capped() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]])
+    big, small = _req(temperature=0.0), _req(temperature=0.0)
+    big.return_logprob, big.top_logprobs_num = True, 7000
+    small.return_logprob, small.top_logprobs_num = True, 1
+    out = sample(logits, [big, small], [])
+    assert [t for _, t in out.top_logprobs[0]] == [2, 1, 0]
+    assert [t for _, t in out.top_logprobs[1]] == [2]
+
+
+def test_top_k_past_the_vocabulary_keeps_every_token() -> None:
+    """top_k = 2**64 - 1 is a valid uint64 but overflowed the int64 top-k tensor."""
+    torch.manual_seed(0)
+    logits = torch.zeros(300, 3)
+    reqs = [_req(temperature=1.0, top_k=2**64 - 1) for _ in range(299)] + [_req(temperature=1.0, top_k=1)]
+    toks = sample(logits, reqs, []).token_ids
+    assert set(toks[:-1]) == {0, 1, 2} and toks[-1] == 0
+
+
+def test_huge_temperature_never_draws_a_blocked_token() -> None:
+    """-inf / inf was NaN: the whole row became NaN and the blocked EOS (index 0) was drawn."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[5.0, 1.0, 0.0]]).repeat(200, 1)
+    reqs = [_req(temperature=1e300, min_new_tokens=5) for _ in range(200)]
+    assert 0 not in sample(logits, reqs, eos_ids=[0]).token_ids
+
+
+def test_out_of_vocabulary_eos_ids_are_ignored_when_blocking() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0]])
+    assert sample(logits, [_req(temperature=0.0, min_new_tokens=2)], eos_ids=[0, 99]).token_ids == [1]
+
+
+def test_tiny_repetition_penalty_does_not_overflow() -> None:
+    """A positive logit / 1e-40 was inf in float32, and softmax of inf is NaN (token 0 drawn)."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[1.0, 2.0, 0.5]]).repeat(50, 1)
+    reqs = [_req(prompt=[1], temperature=1.0, repetition_penalty=1e-40) for _ in range(50)]
+    assert set(sample(logits, reqs, []).token_ids) == {1}

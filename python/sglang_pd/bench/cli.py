@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 
@@ -205,6 +206,11 @@ def validate(args: argparse.Namespace) -> None:
         (args.multi_turn >= 1, "--multi-turn must be >= 1"),
         (0.0 <= args.random_range_ratio <= 1.0, "--random-range-ratio must be in [0, 1]"),
         (args.warmup_requests >= 0, "--warmup-requests must be >= 0"),
+        # serving installs no plotting libraries: fail before the run, not after it
+        (
+            not args.plot or importlib.util.find_spec("matplotlib") is not None,
+            "--plot needs matplotlib: pip install 'sglang-pd[bench]'",
+        ),
     ]
     for ok, msg in checks:
         if not ok:

@@ -19,6 +19,10 @@ import torch
 
 from sglang_pd.engine.request import Req
 
+# float32 bounds for extreme (valid) settings: logits / temperature must stay finite
+MAX_TEMPERATURE = 1e30  # hotter is uniform anyway; 1e39 would be inf
+MAX_LOGIT = 1e30  # penalised logits; / GREEDY_TEMPERATURE (1e-5) is still finite
+
 
 @dataclass
 class SampleOutput:
@@ -46,7 +50,9 @@ def _apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
             seen = torch.tensor(sorted(set(r.prompt_ids) | set(r.output_ids)), dtype=torch.long)
             seen = seen[seen < vocab]
             vals = logits[i, seen]
-            logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            penalised = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            # a tiny penalty must not overflow to inf (NaN after softmax)
+            logits[i, seen] = penalised.clamp_(-MAX_LOGIT, MAX_LOGIT)
         if (p.frequency_penalty or p.presence_penalty) and r.output_ids:
             counts = torch.bincount(torch.tensor(r.output_ids, dtype=torch.long), minlength=vocab)[:vocab]
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
@@ -54,11 +60,13 @@ def _apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
 
 def _block_eos(logits: torch.Tensor, reqs: Sequence[Req], eos_ids: list[int]) -> None:
     """min_new_tokens: EOS and stop tokens are not allowed before that many tokens."""
+    vocab = logits.shape[1]
     for i, r in enumerate(reqs):
         if r.params.min_new_tokens and len(r.output_ids) < r.params.min_new_tokens:
             banned = set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(eos_ids))
+            banned = [t for t in banned if 0 <= t < vocab]  # an id past the logits is no token
             if banned:
-                logits[i, list(banned)] = float("-inf")
+                logits[i, banned] = float("-inf")
 
 
 def _noise(reqs: Sequence[Req], shape: tuple[int, int]) -> torch.Tensor:
@@ -104,9 +112,12 @@ def sample(logits: torch.Tensor, reqs: Sequence[Req], eos_ids: list[int]) -> Sam
 
 def _sample_random(logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]) -> torch.Tensor:
     bsz, vocab = logits.shape
-    temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(reqs, greedy)])
+    # a temperature past float32's range would turn a masked (-inf) logit into NaN
+    temps = torch.tensor([1.0 if g else min(r.params.temperature, MAX_TEMPERATURE)
+                          for r, g in zip(reqs, greedy)])
     scaled = logits / temps[:, None]
-    top_ks = [r.params.top_k for r in reqs]
+    # top_k past the vocabulary keeps every token (and would overflow an int64 tensor)
+    top_ks = [min(r.params.top_k, vocab) for r in reqs]
     top_ps = [r.params.top_p for r in reqs]
     min_ps = [r.params.min_p for r in reqs]
     if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):

@@ -17,8 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sglang_pd import __version__
 from sglang_pd.entrypoints import native, openai_api
 from sglang_pd.entrypoints.context import ServerContext
-from sglang_pd.entrypoints.responses import (OrjsonResponse, error_response, read_json_object,
-                                             wait_all_finished)
+from sglang_pd.entrypoints.responses import (INTERNAL_ERROR, OrjsonResponse, error_response,
+                                             read_json_object, wait_all_finished)
 from sglang_pd.frontend.errors import ApiError, bad_request
 from sglang_pd.frontend.inputs import build_generate_req, new_rid, strict_bool
 from sglang_pd.frontend.metrics import CONTENT_TYPE
@@ -67,7 +67,7 @@ async def _http_error(_: Request, exc: Exception) -> Response:
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # the details go to the log; clients get a stable message (internals are not an API)
     logger.exception("unhandled error in %s %s", request.method, request.url.path)
-    return error_response(ApiError(500, "internal server error (see the server log)"))
+    return error_response(ApiError(500, INTERNAL_ERROR))
 
 
 def _ctx(request: Request) -> ServerContext:

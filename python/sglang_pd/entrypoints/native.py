@@ -42,9 +42,11 @@ async def _prompts(body: dict[str, Any], tokenizer: TokenizerBundle | None, engi
         return await tokenize(tokenizer, texts, engine), isinstance(text, list)
     if not isinstance(ids, list):
         raise bad_request("'input_ids' must be a list of integers or a list of such lists")
-    is_batch = bool(ids) and all(isinstance(x, list) for x in ids)
+    is_batch = bool(ids) and isinstance(ids[0], list)
     if is_batch:
-        check_batch_size(len(ids))
+        check_batch_size(len(ids))  # before scanning what may be millions of entries
+        if not all(isinstance(x, list) for x in ids):
+            raise bad_request("'input_ids' must be a list of integers or a list of such lists")
     return (ids if is_batch else [ids]), is_batch
 
 
@@ -53,6 +55,7 @@ async def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers:
     """The /generate body -> GenerateReqs (one per prompt) and whether it was a batch."""
     stream = strict_bool(body.get("stream"), "stream")
     strict_bool(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
+    ctx.tm.check_room()  # a full server refuses before tokenizing
     prompts, is_batch = await _prompts(body, ctx.tm.tokenizer, ctx.engine_info)
     n = len(prompts)
     rids = body.get("rid")

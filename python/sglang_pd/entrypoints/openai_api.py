@@ -83,6 +83,7 @@ async def completions(request: Request) -> Response:
     check_supported(req)
     raw_prompts, _ = completion_prompts(req.prompt)
     check_batch_size(len(raw_prompts))
+    ctx.tm.check_room(len(raw_prompts))  # a full server refuses before tokenizing
     texts = [p for p in raw_prompts if isinstance(p, str)]
     encoded = iter(await tokenize(tok, texts, ctx.engine_info) if texts else [])
     prompts = [next(encoded) if isinstance(p, str) else p for p in raw_prompts]
@@ -106,6 +107,7 @@ async def completions(request: Request) -> Response:
     async def chunks(run: RequestRun) -> AsyncIterator[bytes]:
         sent = [0] * len(run.states)
         sent_lp = [0] * len(run.states)
+        sent_offset = [0] * len(run.states)  # text_offset of the next logprob token
         base = {"id": run.states[0].rid, "object": "text_completion", "created": created,
                 "model": model}
         async for i, s in run.updates():
@@ -116,8 +118,9 @@ async def completions(request: Request) -> Response:
             delta, sent[i] = text[sent[i]:], len(text)
             logprobs = None
             if req.logprobs is not None:
-                logprobs = completion_logprobs(s, tok, sent_lp[i])
+                logprobs = completion_logprobs(s, tok, sent_lp[i], sent_offset[i])
                 sent_lp[i] = len(s.output_token_logprobs)
+                sent_offset[i] += sum(map(len, logprobs["tokens"]))
             if delta or s.finished or logprobs:
                 yield sse({**base, "choices": [choice(i, s, delta, logprobs, s.finished)]})
         if req.include_usage:
@@ -158,6 +161,7 @@ async def chat_completions(request: Request) -> Response:
     tok = _tokenizer(ctx)
     req = parse_body(await read_json_object(request), ChatCompletionRequest)
     check_supported(req)
+    ctx.tm.check_room()  # a full server refuses before rendering and tokenizing
     ids = await render_chat(req, tok, ctx)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens

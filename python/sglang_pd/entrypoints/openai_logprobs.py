@@ -9,22 +9,27 @@ from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 
 
-def completion_logprobs(state: ReqState, tok: TokenizerBundle, start: int) -> dict[str, Any]:
-    """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` for tokens[start:]."""
-    items = state.output_token_logprobs
+def completion_logprobs(state: ReqState, tok: TokenizerBundle, start: int,
+                        start_offset: int = 0) -> dict[str, Any]:
+    """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` for tokens[start:].
+
+    ``start_offset`` is the text offset of token ``start``: a stream carries it from chunk
+    to chunk, so no update looks at the tokens it sent before (that was quadratic).
+    """
+    items = state.output_token_logprobs[start:]
     texts = [tok.token_text(lp.token_id) for lp in items]
-    offsets = [0, *itertools.accumulate(len(t) for t in texts)][: len(texts)]
+    offsets = list(itertools.accumulate(map(len, texts), initial=start_offset))[: len(texts)]
     tops: list[dict[str, float] | None] = []
-    for k in range(start, len(items)):
+    for k in range(start, start + len(items)):
         if state.req.top_logprobs_num and k < len(state.output_top_logprobs):
             tops.append({tok.token_text(t.token_id): t.logprob
                          for t in state.output_top_logprobs[k]})
         else:
             tops.append(None)
-    return {"tokens": texts[start:],
-            "token_logprobs": [lp.logprob for lp in items[start:]],
+    return {"tokens": texts,
+            "token_logprobs": [lp.logprob for lp in items],
             "top_logprobs": tops if state.req.top_logprobs_num else None,
-            "text_offset": offsets[start:]}
+            "text_offset": offsets}
 
 
 def _entry(tok: TokenizerBundle, token_id: int, logprob: float) -> dict[str, Any]:

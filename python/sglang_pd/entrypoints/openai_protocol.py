@@ -11,6 +11,7 @@ from typing import Any, Optional, TypeVar
 import msgspec
 
 from sglang_pd.frontend.errors import bad_request
+from sglang_pd.frontend.inputs import check_batch_size
 from sglang_pd.frontend.limits import MAX_TOP_LOGPROBS
 from sglang_pd.protocol import SamplingParams
 
@@ -160,8 +161,10 @@ def completion_prompts(prompt: Any) -> tuple[list[str | list[int]], bool]:
     if isinstance(prompt, str) and prompt:
         return [prompt], False
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        if isinstance(prompt[0], int) and not isinstance(prompt[0], bool):
+            # one token list: check_input_ids checks its length before scanning every id
             return [prompt], False
+        check_batch_size(len(prompt))  # before scanning a list of millions of prompts
         if all(isinstance(p, str) for p in prompt):
             if not all(prompt):
                 raise bad_request("the prompt is empty")
@@ -184,6 +187,8 @@ def message_text(content: Any, index: int) -> str | None:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise bad_request(f"messages[{index}]: content part type {kind!r} is not "
                                   "supported (text only)")
-            texts.append(str(part.get("text", "")))
+            if not isinstance(part.get("text"), str):  # not str() of whatever came
+                raise bad_request(f"messages[{index}]: a text part needs a string 'text'")
+            texts.append(part["text"])
         return "\n".join(texts)
     raise bad_request(f"messages[{index}].content must be a string or a list of parts")

@@ -14,6 +14,8 @@ from sglang_pd.frontend.limits import MAX_BODY_BYTES
 from sglang_pd.frontend.request_state import ReqState
 
 SSE_DONE = b"data: [DONE]\n\n"
+# what clients see of a bug: stable text, the details go to the server log
+INTERNAL_ERROR = "internal server error (see the server log)"
 
 
 class OrjsonResponse(Response):

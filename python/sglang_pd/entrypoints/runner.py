@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from sglang_pd.entrypoints.responses import ClientWatch, first_error, wait_all_finished
+from sglang_pd.entrypoints.responses import (INTERNAL_ERROR, SSE_DONE, ClientWatch, first_error,
+                                             sse, wait_all_finished)
+from sglang_pd.frontend.errors import ApiError
 from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer_manager import TokenizerManager
 from sglang_pd.protocol import GenerateReq
+
+logger = logging.getLogger(__name__)
 
 
 class ClientGone(Exception):
@@ -62,6 +67,18 @@ class RequestRun:
                 return  # client gone; the caller's close() aborts the rest
 
 
+async def guarded_stream(chunks: AsyncIterator[bytes], path: str) -> AsyncIterator[bytes]:
+    """``chunks``, but a bug while streaming ends the stream with a final SSE error event
+    (a stable message; the details go to the log) instead of a cut connection."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception:
+        logger.exception("unhandled error while streaming %s", path)
+        yield sse(ApiError(500, INTERNAL_ERROR).body())
+        yield SSE_DONE
+
+
 def start_run(request: Request, tm: TokenizerManager, reqs: list[GenerateReq],
               return_text_in_logprobs: bool = False) -> RequestRun:
     states = tm.submit(reqs, return_text_in_logprobs)
@@ -83,7 +100,7 @@ async def respond(request: Request, tm: TokenizerManager, reqs: list[GenerateReq
 
         async def body() -> AsyncIterator[bytes]:
             try:
-                async for chunk in chunks(run):
+                async for chunk in guarded_stream(chunks(run), request.url.path):
                     yield chunk
             finally:
                 run.close()

@@ -14,6 +14,7 @@ over several tokens, and the replacement character only means "incomplete so far
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -70,30 +71,62 @@ def stop_holdback(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of ``text`` that could still grow into a stop string.
 
     While streaming, such a suffix must not be shown yet: if the stop string completes, the
-    trimmed final text will not contain it. Linear in the stop strings' lengths (a prefix
-    function over ``stop + sep + tail``), since it runs on every streamed update.
+    trimmed final text will not contain it. One-shot form of ``StopHoldback``.
     """
-    longest = 0
-    for stop in stops:
-        if len(stop) > 1 and text:
-            longest = max(longest, _overlap(stop, text[-(len(stop) - 1):]))
-    return longest
+    return StopHoldback(stops).feed(text)
 
 
-def _overlap(stop: str, tail: str) -> int:
-    """Longest k such that ``tail`` ends with ``stop[:k]`` (k < len(stop): tail is shorter)."""
-    if "\0" in stop:  # the separator must not occur in the pattern: the plain scan then
-        return next((k for k in range(len(tail), 0, -1) if tail.endswith(stop[:k])), 0)
-    s = stop + "\0" + tail
-    pi = [0] * len(s)
-    for i in range(1, len(s)):
+@lru_cache(maxsize=1024)  # clients repeat the same few stop strings
+def _prefix_function(stop: str) -> tuple[int, ...]:
+    """KMP failure table: pi[i] = longest proper prefix of stop[:i+1] that is also its suffix."""
+    pi = [0] * len(stop)
+    for i in range(1, len(stop)):
         k = pi[i - 1]
-        while k and s[i] != s[k]:
+        while k and stop[i] != stop[k]:
             k = pi[k - 1]
-        if s[i] == s[k]:
-            k += 1
-        pi[i] = k
-    return pi[-1]
+        pi[i] = k + 1 if stop[i] == stop[k] else k
+    return tuple(pi)
+
+
+class StopHoldback:
+    """The stop-string hold-back of a growing text, updated from the new characters only.
+
+    One KMP automaton per stop string tracks the longest prefix of the stop that the text
+    ends with. Only the last ``len(stop)`` characters can matter, so an update costs
+    O(min(new characters, stop length)) per stop string: never a rescan of the text or of
+    the stop strings (that scan ran on the event loop for every streamed update).
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        # a one-character stop has no proper prefix to hold back
+        self._stops = [s for s in stops if len(s) > 1]
+        self._fail = [_prefix_function(s) for s in self._stops]
+        self._state = [0] * len(self._stops)
+        self.held = 0
+
+    def feed(self, new_text: str) -> int:
+        """Append ``new_text``; return how many trailing characters to hold back."""
+        if not new_text or not self._stops:
+            return self.held
+        held = 0
+        for j, stop in enumerate(self._stops):
+            fail, n, m = self._fail[j], len(stop), self._state[j]
+            if len(new_text) >= n:  # the state depends on the last n characters only
+                m, chars = 0, new_text[-n:]
+            else:
+                chars = new_text
+            for c in chars:
+                if m == n:
+                    m = fail[m - 1]
+                while m and stop[m] != c:
+                    m = fail[m - 1]
+                if stop[m] == c:
+                    m += 1
+            self._state[j] = m
+            # a complete stop is the engine's to report; hold back its longest proper prefix
+            held = max(held, fail[m - 1] if m == n else m)
+        self.held = held
+        return held
 
 
 def trim_at_stop(text: str, matched: str) -> str:
@@ -114,14 +147,18 @@ class OutputText:
     no_stop_trim: bool = False
     visible: str = ""
     finished: bool = False
+    _holdback: StopHoldback = field(init=False, repr=False)
+    _fed: int = field(default=0, init=False, repr=False)  # characters fed to _holdback
+
+    def __post_init__(self) -> None:
+        self._holdback = StopHoldback([] if self.no_stop_trim else self.stops)
 
     def add(self, new_ids: list[int]) -> None:
         self.detok.add(new_ids)
-        text = self.detok.text
-        if self.stops and not self.no_stop_trim:
-            hold = stop_holdback(text, self.stops)
-            text = text[: len(text) - hold] if hold else text
-        self.visible = text
+        text = self.detok.text  # only grows until finish()
+        hold = self._holdback.feed(text[self._fed:])
+        self._fed = len(text)
+        self.visible = text[: len(text) - hold] if hold else text
 
     def finish(self, new_ids: list[int], matched: str | int | None) -> None:
         """Add the last ids and close; ``matched`` is the engine's finish_reason.matched."""

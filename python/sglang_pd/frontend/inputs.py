@@ -106,6 +106,9 @@ def make_slo(body_slo: Any, headers: dict[str, str]) -> SloSpec | None:
     if body_slo is not None:
         if not isinstance(body_slo, dict):
             raise bad_request("slo must be an object like {\"ttft_ms\": 500, \"tpot_ms\": 50}")
+        unknown = sorted(str(k) for k in body_slo if k not in SloSpec.__struct_fields__)
+        if unknown:  # a misspelt target must not silently fall back to the default
+            raise bad_request(f"unknown slo keys: {', '.join(unknown)} (allowed: ttft_ms, tpot_ms)")
         values.update({k: v for k, v in body_slo.items() if v is not None})
     if not values:
         return None
@@ -141,20 +144,22 @@ def make_bootstrap(host: Any, port: Any, room: Any, default_port: int) -> Bootst
 
 
 def check_input_ids(ids: Any, engine: EngineReady) -> list[int]:
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                            for t in ids):
+    if not isinstance(ids, list):
         raise bad_request("input_ids must be a list of integers")
     if not ids:
         raise bad_request("the prompt is empty (0 tokens)")
+    # the length first: scanning millions of ids (a 16 MiB body) would block the event loop
+    if engine.context_length and len(ids) >= engine.context_length:
+        raise bad_request(f"the prompt has {len(ids)} tokens but the model's context length is "
+                          f"{engine.context_length} tokens (the prompt must be shorter)")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad_request("input_ids must be a list of integers")
     if engine.vocab_size:
         bad = [t for t in ids if not 0 <= t < engine.vocab_size]
         if bad:
             shown = ", ".join(map(str, bad[:8])) + (", ..." if len(bad) > 8 else "")
             raise bad_request(f"input_ids contain token ids outside the vocabulary "
                               f"[0, {engine.vocab_size}): {shown}")
-    if engine.context_length and len(ids) >= engine.context_length:
-        raise bad_request(f"the prompt has {len(ids)} tokens but the model's context length is "
-                          f"{engine.context_length} tokens (the prompt must be shorter)")
     return ids
 
 

@@ -55,6 +55,9 @@ class TokenizerBundle:
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token -> "<s>", ...
     chat_template: ChatTemplate | None = None
     path: str = ""
+    # token id -> text for logprob listings: at most one entry per vocabulary token, and a
+    # streamed response re-lists its tokens on every update
+    _token_texts: dict[int, str] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -71,7 +74,11 @@ class TokenizerBundle:
 
     def token_text(self, token_id: int) -> str:
         """Text of one token for logprob listings (may hold a lone U+FFFD for byte pieces)."""
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id],
+                                                                       skip_special_tokens=False)
+        return text
 
     def token_str(self, token_id: int) -> str:
         """The vocabulary string of a token (OpenAI logprobs show these)."""

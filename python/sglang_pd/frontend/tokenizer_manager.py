@@ -48,6 +48,7 @@ class TokenizerManager:
         self.last_engine_msg = time.monotonic()  # the watchdog's heartbeat: any engine message
         self.engine_dead = False
         self.stopping = False  # set once we asked the engine to exit: its death is expected
+        self.refusing: tuple[int, str] | None = None  # (status, message) once fail_all ran
         self.on_engine_death: Callable[[], None] | None = None  # set by launch_server
         self._call_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,16 +94,23 @@ class TokenizerManager:
             raise ApiError(503, "the server is not connected to the engine")
         self._push.send(encode(msg), copy=False)
 
-    def submit(self, reqs: list[GenerateReq], return_text_in_logprobs: bool = False
-               ) -> list[ReqState]:
-        """Register and send requests; their states share one notify event."""
+    def check_room(self, n: int = 1) -> None:
+        """503 (with Retry-After when full) unless ``n`` more requests may be held. Handlers
+        call it before tokenizing too, so a full server does no work for refused requests."""
         if self.engine_dead:
             raise ApiError(503, f"{ENGINE_DIED}; the server is shutting down")
+        if self.refusing is not None:  # fail_all ran: nothing new may start
+            raise ApiError(*self.refusing)
         limit = self.server_args.max_queued_requests
-        if len(self.states) + len(reqs) > limit:
+        if len(self.states) + n > limit:
             raise ApiError(503, f"the server holds {len(self.states)} requests, its limit "
                                 f"(--max-queued-requests) is {limit}; retry shortly",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    def submit(self, reqs: list[GenerateReq], return_text_in_logprobs: bool = False
+               ) -> list[ReqState]:
+        """Register and send requests; their states share one notify event."""
+        self.check_room(len(reqs))
         duplicate = [r.rid for r in reqs if r.rid in self.states]
         if duplicate or len({r.rid for r in reqs}) != len(reqs):
             raise ApiError(400, f"duplicate request id(s): {', '.join(duplicate) or 'in batch'}")
@@ -255,7 +263,9 @@ class TokenizerManager:
 
     def fail_all(self, status: int, message: str) -> None:
         """Finish every request in flight with an error its handler answers in the JSON (or
-        final SSE event) shape, and tell the engine to drop them."""
+        final SSE event) shape, and tell the engine to drop them. Requests still being parsed
+        (the drain's end, engine death) are refused the same way when they submit."""
+        self.refusing = (status, message)
         if self.states:
             logger.warning("%s; failing %d in-flight requests", message, len(self.states))
         for state in list(self.states.values()):
