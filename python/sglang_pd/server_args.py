@@ -13,6 +13,7 @@ from typing import Any
 
 from sglang_pd.engine.attention import ATTENTION_BACKENDS
 from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.scheduling.step import BucketGrid
 
@@ -69,6 +70,11 @@ class ServerArgs:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     cost_model_profile: str | None = None  # measured step times (docs/profile.md)
+    # deadline-aware prefill policies (docs/prefill_scheduling.md)
+    prefill_no_slo_ttft_ms: float = 30000.0
+    prefill_deadline_margin_ms: float = 0.0
+    prefill_max_partial: int = 2
+    prefill_starve_factor: float = 4.0
     # /health turns 503 when the engine made no progress with work pending this long (seconds)
     watchdog_timeout: float = 300.0
     random_seed: int = 0
@@ -116,6 +122,16 @@ class ServerArgs:
                                    ("--attention-backend", self.attention_backend, ATTENTION_BACKENDS)):
             if value not in names:
                 problems.append(f"{flag} must be one of {sorted(names)}, got {value!r}")
+        if not problems:
+            try:
+                self.policy_config()  # its own checks (policy parameters)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if not problems and self.cost_model_profile:
+            try:  # fail at start-up, not inside the engine process or never (fcfs)
+                load_profile(self.cost_model_profile)
+            except ValueError as exc:
+                problems.append(f"--cost-model-profile: {exc}")
         if problems:
             raise ValueError("; ".join(problems))
         if not self.ipc_dir:
@@ -138,6 +154,9 @@ class ServerArgs:
             max_running_requests=self.max_running_requests, page_size=self.page_size,
             buckets=self.bucket_grid, enable_mixed_chunk=self.enable_mixed_chunk,
             role=self.disaggregation_mode, cost_model_profile=self.cost_model_profile,
+            prefill_no_slo_ttft_ms=self.prefill_no_slo_ttft_ms,
+            prefill_deadline_margin_ms=self.prefill_deadline_margin_ms,
+            prefill_max_partial=self.prefill_max_partial, prefill_starve_factor=self.prefill_starve_factor,
         )
 
     @property
@@ -195,6 +214,14 @@ class ServerArgs:
         p("--slo-ttft-ms", type=float, default=None, help="default TTFT SLO of requests without one")
         p("--slo-tpot-ms", type=float, default=None, help="default TPOT SLO of requests without one")
         p("--cost-model-profile", default=None, help="measured step times JSON (docs/profile.md)")
+        p("--prefill-no-slo-ttft-ms", type=float, default=d.prefill_no_slo_ttft_ms,
+          help="deadline-aware prefill policies: TTFT deadline of requests without an SLO")
+        p("--prefill-deadline-margin-ms", type=float, default=d.prefill_deadline_margin_ms,
+          help="taken off prefill deadlines (PD prefill: the KV transfer still to come)")
+        p("--prefill-max-partial", type=int, default=d.prefill_max_partial,
+          help="partly prefilled requests (each holding pages) at once")
+        p("--prefill-starve-factor", type=float, default=d.prefill_starve_factor,
+          help="kairos+: a request that waited this many TTFT SLOs is served first")
         p("--watchdog-timeout", type=float, default=d.watchdog_timeout,
           help="seconds without engine progress, with work pending, before /health fails")
         p("--random-seed", type=int, default=d.random_seed)

@@ -53,3 +53,20 @@ def test_offline_slo_is_validated() -> None:
     for bad in ({"ttft": 1}, {"ttft_ms": -1}, {"tpot_ms": float("inf")}):
         with pytest.raises(ValueError):
             parse_slo(bad)
+
+
+def test_prefill_policy_flags_reach_the_config_and_a_bad_profile_fails_at_start(tmp_path) -> None:
+    from sglang_pd.server_args import parse_server_args
+
+    args = parse_server_args(["--model-path", "m", "--prefill-policy", "kairos+", "--prefill-max-partial", "3",
+                              "--prefill-deadline-margin-ms", "20"])
+    cfg = args.policy_config()
+    assert (args.schedule_policy, cfg.prefill_max_partial, cfg.prefill_deadline_margin_ms) == ("kairos+", 3, 20)
+    with pytest.raises(ValueError, match="prefill_max_partial"):
+        ServerArgs(model_path="m", prefill_max_partial=0)
+    bad = tmp_path / "p.json"
+    bad.write_text('{"schema_version": 99}')
+    with pytest.raises(ValueError, match="--cost-model-profile"):
+        ServerArgs(model_path="m", cost_model_profile=str(bad))
+    with pytest.raises(ValueError, match="--cost-model-profile"):
+        ServerArgs(model_path="m", cost_model_profile=str(tmp_path / "missing.json"))
