@@ -3,7 +3,6 @@ its batch go on. The real EngineCore on the tiny model; sampling made to fail fo
 
 from __future__ import annotations
 
-import pytest
 
 from sglang_pd.engine import engine_core
 from sglang_pd.engine.engine_core import EngineCore

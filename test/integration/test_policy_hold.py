@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from pd_utils import _descendants, async_client, pd_request, start_decode, start_prefill, stop_all
 from server_utils import ServerHandle, start_server

@@ -155,7 +155,8 @@ def test_transfer_success_parks_then_runs_on_decode(pair) -> None:
 def test_decode_abort_quarantines_pages_until_prefill_confirms(pair) -> None:
     p_eng, d_eng, port, _ = pair
     msg = _msg("a", room=8, port=port)
-    p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
+    _admit(p_eng, msg)
+    d_req = _admit(d_eng, msg)
     d_eng.pd.poll(0.0)
     p_eng.run_prefill()  # first chunk in flight
     _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[8].state.acked_at is not None, "ack")
@@ -176,7 +177,8 @@ def test_decode_abort_quarantines_pages_until_prefill_confirms(pair) -> None:
 def test_prefill_abort_fails_decode_room(pair) -> None:
     p_eng, d_eng, port, _ = pair
     msg = _msg("a", room=9, port=port)
-    p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
+    p_req = _admit(p_eng, msg)
+    _admit(d_eng, msg)
     d_eng.pd.poll(0.0)
     p_eng.run_prefill()
     _poll_until([p_eng, d_eng], lambda: p_eng.pd.mgr.rooms[9].state.bootstrapped, "register")

@@ -19,7 +19,7 @@ from sglang_pd.scheduling.prefill.kairos_plus import KairosPlusPrefillPolicy
 from sglang_pd.scheduling.prefill.lars import LarsPrefillPolicy
 from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy
 from sglang_pd.scheduling.step import ForwardMode, StepProfile, StepShape
-from sglang_pd.scheduling.types import PrefillBudget, SchedReq
+from sglang_pd.scheduling.types import PrefillBudget
 from sglang_pd.sim.request import SimReq
 
 NEW = ("kairos", "kairos+", "lars", "edf", "lrs", "sjf")

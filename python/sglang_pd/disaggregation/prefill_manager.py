@@ -219,30 +219,33 @@ class KVSenderManager:
     def _on_claim(self, client_id: str, claim: m.Claim, now: float) -> None:
         # a claim this room cannot take is refused like a Register (decode answers 503: the
         # client may retry with a new room), not aborted as a transfer gone wrong (502)
-        closed = self._closed.get(claim.room)
-        if closed is not None and claim.room not in self.rooms:
-            why = f"room {claim.room} is already closed on this prefill: {closed}"
-            self.server.send(client_id, m.RegisterRefused(claim.room, why))
+        r = self._open_room(client_id, claim.room, now)
+        if r is None:
             return
-        r = self._room(claim.room, now)
+        why = None
         if r.state.is_finished:  # failed, not yet reported: the claimant need not wait
             why = r.state.reason or f"room {claim.room} already ended on this prefill"
-            self.server.send(client_id, m.RegisterRefused(claim.room, why))
-            return
-        if r.client_id not in (None, client_id):
+        elif r.client_id not in (None, client_id):
             why = f"room {claim.room} is already held by another decode ({r.client_id})"
+        if why is not None:
             self.server.send(client_id, m.RegisterRefused(claim.room, why))
             return
         r.client_id = client_id
         r.state.on_claim(now)
 
+    def _open_room(self, client_id: str, room: int, now: float) -> _Room | None:
+        """The room a Claim or Register is for, or None after refusing one already closed."""
+        closed = self._closed.get(room)
+        if closed is not None and room not in self.rooms:
+            why = f"room {room} is already closed on this prefill: {closed}"
+            self.server.send(client_id, m.RegisterRefused(room, why))
+            return None
+        return self._room(room, now)
+
     def _on_register(self, client_id: str, reg: m.Register, now: float) -> None:
-        closed = self._closed.get(reg.room)
-        if closed is not None and reg.room not in self.rooms:
-            why = f"room {reg.room} is already closed on this prefill: {closed}"
-            self.server.send(client_id, m.RegisterRefused(reg.room, why))
+        r = self._open_room(client_id, reg.room, now)
+        if r is None:
             return
-        r = self._room(reg.room, now)
         if r.state.bootstrapped or r.state.is_finished or r.client_id not in (None, client_id):
             why = r.state.reason or (
                 f"room {reg.room} is already registered"

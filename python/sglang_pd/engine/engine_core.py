@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -23,7 +22,7 @@ from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
 from sglang_pd.engine.request import Req, ReqState
-from sglang_pd.engine.sampler import SampleOutput, sample
+from sglang_pd.engine.sampler import sample
 from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.models.loader import load_model

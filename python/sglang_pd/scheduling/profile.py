@@ -165,6 +165,17 @@ def _measured(grid: Grid) -> bool:
     return any(t is not None for row in grid for t in row)
 
 
+def _check_table(path: str, seconds: Grid, std: Grid | None, rows: tuple[str, Sequence[int]],
+                 cols: tuple[str, Sequence[int]], need_measured: bool = True) -> None:
+    """A seconds grid (and its optional spread) over two named axes."""
+    shape = (len(rows[1]), len(cols[1]), rows[0], cols[0])
+    _check_grid(f"{path}.seconds", seconds, *shape)
+    if need_measured and not _measured(seconds):
+        _fail(f"{path}.seconds", "has no measured cell (all null)")
+    if std is not None:
+        _check_grid(f"{path}.std_seconds", std, *shape, spread=True)
+
+
 def validate_profile(p: Profile) -> Profile:
     """Check what types alone cannot (versions, axes, shapes, times); returns ``p``."""
     if p.schema_version not in SUPPORTED_VERSIONS:
@@ -186,23 +197,16 @@ def validate_profile(p: Profile) -> Profile:
     if (g := p.prefill) is not None:
         _check_axis("prefill.new_tokens", g.new_tokens, 1)
         _check_axis("prefill.context_tokens", g.context_tokens, 0)
-        shape = (len(g.new_tokens), len(g.context_tokens), "prefill.new_tokens",
-                 "prefill.context_tokens")
-        _check_grid("prefill.seconds", g.seconds, *shape)
-        if not _measured(g.seconds):
-            _fail("prefill.seconds", "has no measured cell (all null)")
-        if g.std_seconds is not None:
-            _check_grid("prefill.std_seconds", g.std_seconds, *shape, spread=True)
+        _check_table("prefill", g.seconds, g.std_seconds, ("prefill.new_tokens", g.new_tokens),
+                     ("prefill.context_tokens", g.context_tokens))
         if (bg := g.batched) is not None:
             _check_axis("prefill.batched.batch_sizes", bg.batch_sizes, 1)
             _check_axis("prefill.batched.new_tokens", bg.new_tokens, 1)
             if bg.context_tokens < 0:
                 _fail("prefill.batched.context_tokens", f"must be >= 0, got {bg.context_tokens}")
-            bshape = (len(bg.batch_sizes), len(bg.new_tokens), "prefill.batched.batch_sizes",
-                      "prefill.batched.new_tokens")
-            _check_grid("prefill.batched.seconds", bg.seconds, *bshape)
-            if bg.std_seconds is not None:
-                _check_grid("prefill.batched.std_seconds", bg.std_seconds, *bshape, spread=True)
+            _check_table("prefill.batched", bg.seconds, bg.std_seconds,
+                         ("prefill.batched.batch_sizes", bg.batch_sizes),
+                         ("prefill.batched.new_tokens", bg.new_tokens), need_measured=False)
         if (c := g.coeffs) is not None:
             for name in PrefillCoeffsSpec.__struct_fields__:
                 v = getattr(c, name)
@@ -211,13 +215,8 @@ def validate_profile(p: Profile) -> Profile:
     if (d := p.decode) is not None:
         _check_axis("decode.batch_sizes", d.batch_sizes, 1)
         _check_axis("decode.context_tokens", d.context_tokens, 0)
-        shape = (len(d.batch_sizes), len(d.context_tokens), "decode.batch_sizes",
-                 "decode.context_tokens")
-        _check_grid("decode.seconds", d.seconds, *shape)
-        if not _measured(d.seconds):
-            _fail("decode.seconds", "has no measured cell (all null)")
-        if d.std_seconds is not None:
-            _check_grid("decode.std_seconds", d.std_seconds, *shape, spread=True)
+        _check_table("decode", d.seconds, d.std_seconds, ("decode.batch_sizes", d.batch_sizes),
+                     ("decode.context_tokens", d.context_tokens))
     return p
 
 
