@@ -172,6 +172,16 @@ class EngineStats(msgspec.Struct):
     num_transfer_failed_reqs_total: int = 0
     kv_transfer_speed_gb_s: float = 0.0
     kv_transfer_latency_ms: float = 0.0
+    # dual prefill queues and the router's pool controller (engine/load_signals.py)
+    prefill_role: str = "both"  # both | short | long (a label-like string, not a gauge)
+    short_prefill_threshold: int = 0  # new tokens <= this are short (the fitted value under auto)
+    num_queue_reqs_short: int = 0
+    num_queue_reqs_long: int = 0
+    num_queue_prefill_tokens_short: int = 0
+    num_queue_prefill_tokens_long: int = 0
+    slo_ttft_deviation_short: float = 0.0  # mean (TTFT - SLO) / SLO over recent first tokens
+    slo_ttft_deviation_long: float = 0.0
+    busy_fraction: float = 0.0  # share of the last 10 s the engine spent stepping
 
 
 class BatchOut(msgspec.Struct, tag="batch_out"):

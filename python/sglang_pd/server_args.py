@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_pd.engine.attention import ATTENTION_BACKENDS
-from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
 from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.scheduling.step import BucketGrid
@@ -75,6 +75,19 @@ class ServerArgs:
     prefill_deadline_margin_ms: float = 0.0
     prefill_max_partial: int = 2
     prefill_starve_factor: float = 4.0
+    prefill_time_budget_ms: float | None = None  # Medha adaptive chunking (None: fixed chunks)
+    # dual short/long prefill queues with AWD batching (docs/prefill_scheduling.md)
+    prefill_queues: str = "single"
+    short_prefill_threshold: str = str(DEFAULT_SHORT_PREFILL_THRESHOLD)  # N tokens or "auto"
+    prefill_role: str = "both"
+    prefill_long_max_wait_ms: float = 2000.0
+    awd_w_min_ms: float = 0.0
+    awd_w_max_ms: float = 20.0
+    awd_sigma_ms: float = 5.0
+    awd_delta_ms: float = 2.0
+    awd_t_max_ms: float = 100.0
+    awd_rate_floor: float = 1.0
+    awd_min_batch_tokens: int = 1024
     # /health turns 503 when the engine made no progress with work pending this long (seconds)
     watchdog_timeout: float = 300.0
     random_seed: int = 0
@@ -157,7 +170,23 @@ class ServerArgs:
             prefill_no_slo_ttft_ms=self.prefill_no_slo_ttft_ms,
             prefill_deadline_margin_ms=self.prefill_deadline_margin_ms,
             prefill_max_partial=self.prefill_max_partial, prefill_starve_factor=self.prefill_starve_factor,
+            prefill_time_budget_ms=self.prefill_time_budget_ms, prefill_queues=self.prefill_queues,
+            short_prefill_threshold=self._short_threshold(), prefill_role=self.prefill_role,
+            prefill_long_max_wait_ms=self.prefill_long_max_wait_ms, awd_w_min_ms=self.awd_w_min_ms,
+            awd_w_max_ms=self.awd_w_max_ms, awd_sigma_ms=self.awd_sigma_ms, awd_delta_ms=self.awd_delta_ms,
+            awd_t_max_ms=self.awd_t_max_ms, awd_rate_floor=self.awd_rate_floor,
+            awd_min_batch_tokens=self.awd_min_batch_tokens,
         )
+
+    def _short_threshold(self) -> int | None:
+        text = str(self.short_prefill_threshold).strip().lower()
+        if text == "auto":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"--short-prefill-threshold must be a token count or 'auto', got "
+                             f"{self.short_prefill_threshold!r}") from None
 
     @property
     def tokenizer_dir(self) -> str:
@@ -222,6 +251,25 @@ class ServerArgs:
           help="partly prefilled requests (each holding pages) at once")
         p("--prefill-starve-factor", type=float, default=d.prefill_starve_factor,
           help="kairos+: a request that waited this many TTFT SLOs is served first")
+        p("--prefill-time-budget-ms", type=float, default=None,
+          help="Medha adaptive chunking: largest chunks that fit this step time (ms); off by default")
+        p("--prefill-queues", default=d.prefill_queues, choices=["single", "dual"],
+          help="dual: short and long prefill queues, short batches by AWD")
+        p("--short-prefill-threshold", default=d.short_prefill_threshold,
+          help="new tokens <= N are short; 'auto' = PLA-Serve's fitted compute/memory boundary")
+        p("--prefill-role", default=d.prefill_role, choices=["both", "short", "long"],
+          help="the prefill class this instance serves first (others only when it has none)")
+        p("--prefill-long-max-wait-ms", type=float, default=d.prefill_long_max_wait_ms,
+          help="dual queues: longest wait of the long queue's head behind short batches")
+        for name, kind, help_text in (
+                ("awd-w-min-ms", float, "AWD window lower bound W_min"),
+                ("awd-w-max-ms", float, "AWD window upper bound W_max"),
+                ("awd-sigma-ms", float, "AWD: dispatch at once below this slack"),
+                ("awd-delta-ms", float, "AWD: safety margin of the SLA window"),
+                ("awd-t-max-ms", float, "AWD: head-of-line wait bound"),
+                ("awd-rate-floor", float, "AWD: arrival-rate floor eps (req/s)"),
+                ("awd-min-batch-tokens", int, "AWD: deadline-free dispatch at this many tokens (M_s)")):
+            p(f"--{name}", type=kind, default=getattr(d, name.replace("-", "_")), help=help_text)
         p("--watchdog-timeout", type=float, default=d.watchdog_timeout,
           help="seconds without engine progress, with work pending, before /health fails")
         p("--random-seed", type=int, default=d.random_seed)

@@ -215,4 +215,5 @@ def test_extend_step_shape_uses_the_bucket_grid() -> None:
     sched.add(_req("a", 30, 2, 0.0))
     sched.add(_req("b", 20, 2, 0.0))
     step = sched.schedule(0.0)
-    assert step.shape.num_tokens == 50 and step.shape.batch_size == 2 and step.shape.bucket == (64, 2)
+    # (L, B): both requests padded to the longest one's length bucket, 30 -> 32
+    assert step.shape.num_tokens == 50 and step.shape.batch_size == 2 and step.shape.bucket == (32, 2)

@@ -25,6 +25,12 @@ def handle_control(core: EngineCore, msg: ControlReq) -> ControlResp:
     if msg.method == "get_load":
         s = core.stats()
         return ControlResp(msg.call_id, True, load_signals(s))
+    if msg.method == "set_prefill_role":
+        try:
+            role = core.set_prefill_role(str(msg.args.get("role", "")))
+        except ValueError as exc:
+            return ControlResp(msg.call_id, False, {}, str(exc))
+        return ControlResp(msg.call_id, True, {"prefill_role": role})
     if msg.method == "flush_cache":
         # no prefix cache yet: flushing succeeds when idle, as in SGLang
         ok = not core.has_work

@@ -17,6 +17,7 @@ from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
+from sglang_pd.engine.load_signals import LoadTracker, class_queues, short_threshold
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.page_allocator import PageAllocator
@@ -29,6 +30,7 @@ from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import (
     EngineReady, EngineStats, GenerateReq, ReqOutput, TokenLogprob,
 )
+from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.server_args import ServerArgs
@@ -83,6 +85,7 @@ class EngineCore:
         self.outbox: list[ReqOutput] = []
         self._generated: deque[tuple[float, int]] = deque()
         self.step_profiles: deque[StepProfile] = deque(maxlen=PROFILE_STEPS_KEPT)
+        self.loads = LoadTracker()
         self._forward_s = 0.0
         self._flushed_early = False
         self._idle_step = False  # the last step ran nothing although work was queued
@@ -208,6 +211,7 @@ class EngineCore:
         if profile is not None:
             profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_s
             self.step_profiles.append(profile)
+            self.loads.step(self.clock(), profile.total_s)
             self.scheduler.observe(profile, profile.total_s, self.clock())
         return outputs
 
@@ -280,6 +284,7 @@ class EngineCore:
         req.output_ids.append(tok)
         if first:
             req.first_token_time = now
+            self.loads.first_token(req, now, short_threshold(self.scheduler.prefill_policy, self.scheduler.cfg))
         if req.return_logprob and logprob is not None:
             req.pending_logprobs.append((logprob, tok))
             if top is not None:
@@ -345,7 +350,27 @@ class EngineCore:
             engine_stall_s=now - self.stalled_since if self.stalled_since is not None else 0.0,
             role=self.pd.role,
             **self.pd.stats(),
+            **self._class_stats(now),
         )
+
+    def _class_stats(self, now: float) -> dict[str, str | int | float]:
+        """Per-class queues, SLO deviation, role and busy share (engine/load_signals.py)."""
+        sched, loads = self.scheduler, self.loads
+        threshold = short_threshold(sched.prefill_policy, sched.cfg)
+        return dict(prefill_role=getattr(sched.prefill_policy, "role", sched.cfg.prefill_role),
+                    short_prefill_threshold=threshold, **class_queues(sched.waiting, threshold),
+                    slo_ttft_deviation_short=loads.mean_deviation("short"),
+                    slo_ttft_deviation_long=loads.mean_deviation("long"),
+                    busy_fraction=loads.busy_fraction(now))
+
+    def set_prefill_role(self, role: str) -> str:
+        """Switch this prefill instance's class at runtime (the router's pool controller)."""
+        policy = self.scheduler.prefill_policy
+        if not isinstance(policy, DualQueuePrefillPolicy):
+            raise ValueError("the prefill role can only change on a server started with "
+                             "--prefill-queues dual (or a --prefill-role)")
+        policy.set_role(role)
+        return policy.role
 
     def close(self) -> None:
         self.pd.close()

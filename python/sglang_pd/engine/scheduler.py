@@ -222,7 +222,8 @@ class Scheduler:
         if mode is ForwardMode.DECODE:
             return ScheduledStep(mode, plan, StepShape(len(plan), len(plan)), num_decode)
         tokens = sum(n for _, n in plan)
-        bucket = self.cfg.buckets.bucket(tokens, len(plan)) if mode is ForwardMode.EXTEND else None
+        bucket = (self.cfg.buckets.bucket(max(n for _, n in plan), len(plan))
+                  if mode is ForwardMode.EXTEND else None)
         return ScheduledStep(mode, plan, StepShape(len(plan), tokens, bucket), num_decode)
 
     def _needs_page(self, req: SchedulerReq) -> bool:

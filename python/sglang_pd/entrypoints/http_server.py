@@ -151,6 +151,19 @@ def _add_admin_routes(app: FastAPI) -> None:
             raise ApiError(503, f"get_load failed in the engine: {resp.error}")
         return OrjsonResponse({**resp.result, "num_frontend_reqs": len(ctx.tm.states)})
 
+    @app.post("/set_prefill_role")
+    async def set_prefill_role(request: Request) -> Response:
+        """The router's pool controller moves this prefill instance between the short and
+        long pools ({"role": "short" | "long" | "both"}); needs --prefill-queues dual."""
+        role = (await read_json_object(request)).get("role")
+        if role not in ("short", "long", "both"):
+            raise bad_request(f"'role' must be one of short, long, both; got {role!r}")
+        resp = await _ctx(request).tm.control("set_prefill_role", {"role": role}, timeout=5.0)
+        if not resp.ok:
+            raise bad_request(resp.error)
+        logger.info("prefill role set to %s", resp.result.get("prefill_role"))
+        return OrjsonResponse(resp.result)
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         resp = await _ctx(request).tm.control("flush_cache", timeout=30.0)

@@ -71,6 +71,14 @@ class FrontendMetrics:
                                     labels, registry=reg).labels(self.model_name)
         self.num_aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted",
                                    labels, registry=reg).labels(self.model_name)
+        # SLO attainment per request class (ours, not SGLang's): met/missed TTFT and TPOT of
+        # requests that carry an SLO (their own or the --slo-*-ms default)
+        cls_labels = ["model_name", "request_class"]
+        self.slo_counters = {
+            (kind, outcome): Counter(f"sglang:slo_{kind}_{outcome}",
+                                     f"Requests that {outcome} their {kind.upper()} SLO", cls_labels,
+                                     registry=reg)
+            for kind in ("ttft", "tpot") for outcome in ("met", "missed")}
         for stat, (name, doc) in _KNOWN_STATS.items():
             self.add_engine_gauge(stat, name, doc)
 
@@ -99,6 +107,11 @@ class FrontendMetrics:
         self.e2e.observe(e2e_s)
         if aborted:
             self.num_aborted.inc()
+
+    def observe_slo(self, request_class: str, kind: str, value_s: float | None, slo_s: float) -> None:
+        """One finished request's TTFT or TPOT against its SLO (None: never reached = missed)."""
+        outcome = "met" if value_s is not None and value_s <= slo_s else "missed"
+        self.slo_counters[(kind, outcome)].labels(self.model_name, request_class).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -45,6 +45,8 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}
         self.pending_calls: dict[int, asyncio.Future[ControlResp]] = {}
         self.last_stats: EngineStats | None = None
+        # the SLO counters' short/long boundary until the engine reports its own (auto)
+        self._short_threshold = server_args.policy_config().short_prefill_threshold or 256
         self.last_engine_msg = time.monotonic()  # the watchdog's heartbeat: any engine message
         self.engine_dead = False
         self.stopping = False  # set once we asked the engine to exit: its death is expected
@@ -248,11 +250,33 @@ class TokenizerManager:
         aborted = reason.get("type") == "abort"
         self.metrics.observe_finished(state.prompt_tokens, state.completion_tokens,
                                       state.cached_tokens, state.e2e_latency, aborted)
+        self._observe_slo(state)
         logger.log(self._req_log_level,
                    "Finish request rid=%s prompt_tokens=%d completion_tokens=%d "
                    "cached_tokens=%d e2e_latency=%.3fs finish_reason=%s",
                    state.rid, state.prompt_tokens, state.completion_tokens,
                    state.cached_tokens, state.e2e_latency, reason)
+
+    def _observe_slo(self, state: ReqState) -> None:
+        """Per-class SLO attainment counters (client aborts never get here: not the server's
+        miss). Class: new prompt tokens against the server's short/long threshold."""
+        args, spec = self.server_args, state.req.slo
+        slo_ttft_ms = (spec.ttft_ms if spec is not None else None) or args.slo_ttft_ms
+        slo_tpot_ms = (spec.tpot_ms if spec is not None else None) or args.slo_tpot_ms
+        if not slo_ttft_ms and not slo_tpot_ms:
+            return
+        threshold = self.last_stats.short_prefill_threshold if self.last_stats is not None else 0
+        if threshold <= 0:
+            threshold = self._short_threshold
+        cls = "short" if state.prompt_tokens - state.cached_tokens <= threshold else "long"
+        ttft = state.first_token_time - state.created if state.first_token_time is not None else None
+        if slo_ttft_ms:
+            self.metrics.observe_slo(cls, "ttft", ttft, slo_ttft_ms / 1e3)
+        if slo_tpot_ms and state.completion_tokens > 1:
+            tpot = None
+            if state.first_token_time is not None and state.finished_time is not None:
+                tpot = (state.finished_time - state.first_token_time) / (state.completion_tokens - 1)
+            self.metrics.observe_slo(cls, "tpot", tpot, slo_tpot_ms / 1e3)
 
     async def _watch_engine(self) -> None:
         while not self.stopping:

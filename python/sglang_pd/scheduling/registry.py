@@ -6,6 +6,7 @@ from typing import Callable
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
+from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.prefill.edf import EdfPrefillPolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
 from sglang_pd.scheduling.prefill.kairos import KairosPrefillPolicy
@@ -28,9 +29,13 @@ DECODE_POLICIES: dict[str, Callable[[PolicyConfig], DecodePolicy]] = {"continuou
 
 
 def create_prefill_policy(name: str, cfg: PolicyConfig | None = None) -> PrefillPolicy:
+    """The named policy; with dual queues (``cfg.dual_queues``) it serves the long queue inside
+    ``DualQueuePrefillPolicy`` (short queue by AWD, docs/prefill_scheduling.md)."""
     if name not in PREFILL_POLICIES:
         raise ValueError(f"unknown prefill policy {name!r}; supported: {sorted(PREFILL_POLICIES)}")
-    return PREFILL_POLICIES[name](cfg if cfg is not None else PolicyConfig())
+    cfg = cfg if cfg is not None else PolicyConfig()
+    policy = PREFILL_POLICIES[name](cfg)
+    return DualQueuePrefillPolicy(cfg, policy) if cfg.dual_queues else policy
 
 
 def create_decode_policy(name: str, cfg: PolicyConfig | None = None) -> DecodePolicy:

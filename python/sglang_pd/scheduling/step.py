@@ -26,11 +26,13 @@ class ReqState(enum.Enum):
 
 @dataclass(frozen=True)
 class BucketGrid:
-    """Padded (tokens, batch) shapes that short-prefill batches round up to and that CUDA graphs
-    capture. One grid, parsed once from ``--short-prefill-buckets`` ("T1,T2,...xB1,B2,...")."""
+    """Padded (L, B) shapes that short-prefill batches round up to and that CUDA graphs capture
+    (PLA-Serve §3.1): B requests, each padded to L new tokens (the step runs L x B token slots).
+    One grid, parsed once from ``--short-prefill-buckets`` ("L1,L2,...xB1,B2,..."); the default
+    is PLA's, L in {8..256} and B in {1..64}, powers of two."""
 
-    tokens: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
-    batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    tokens: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # L: padded new tokens per request
+    batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
     def __post_init__(self) -> None:
         for name, axis in (("tokens", self.tokens), ("batch", self.batch)):
@@ -58,9 +60,10 @@ class BucketGrid:
     def max_batch(self) -> int:
         return self.batch[-1]
 
-    def bucket(self, num_tokens: int, batch_size: int) -> tuple[int, int] | None:
-        """Smallest (tokens, batch) bucket holding the step, or None when it exceeds the grid."""
-        ti = bisect.bisect_left(self.tokens, num_tokens)
+    def bucket(self, max_req_tokens: int, batch_size: int) -> tuple[int, int] | None:
+        """Smallest (L, B) bucket holding ``batch_size`` requests of at most ``max_req_tokens``
+        new tokens each, or None when the step exceeds the grid."""
+        ti = bisect.bisect_left(self.tokens, max_req_tokens)
         bi = bisect.bisect_left(self.batch, batch_size)
         if ti == len(self.tokens) or bi == len(self.batch):
             return None
@@ -71,7 +74,7 @@ class BucketGrid:
 class StepShape:
     batch_size: int
     num_tokens: int  # new tokens of all requests together
-    bucket: tuple[int, int] | None = None  # padded (tokens, batch) when the step fits the grid
+    bucket: tuple[int, int] | None = None  # padded (L per request, B) when the step fits the grid
 
 
 @dataclass

@@ -1,0 +1,206 @@
+"""Dual short/long prefill queues and AWD batching (PLA-Serve Alg. 1), on a fixed cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy_helpers import CountingKV, FakeReq
+from sglang_pd.engine.page_allocator import CountingAllocator
+from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
+from sglang_pd.scheduling.prefill.awd import AwdBatcher
+from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy, largest_chunk
+from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
+from sglang_pd.scheduling.step import ForwardMode
+from sglang_pd.scheduling.types import PrefillBudget
+from sglang_pd.sim.request import SimReq
+
+# 10 ms per step + 20 us per new token: a 16-token short costs ~10.3 ms alone, a 4K chunk ~92 ms
+COEFFS = PrefillCoeffs(launch_s=0.010, per_req_s=0.0, a=0.0, b=2e-5, g_w=0.0, g_r=0.0)
+
+
+def _cfg(**kw) -> PolicyConfig:
+    base = dict(prefill_queues="dual", slo_ttft_ms=1000.0, awd_w_max_ms=50.0, awd_w_min_ms=0.0,
+                awd_sigma_ms=5.0, awd_delta_ms=2.0, awd_t_max_ms=200.0, chunked_prefill_size=4096)
+    base.update(kw)
+    return PolicyConfig(**base)
+
+
+def _awd(**kw) -> AwdBatcher:
+    return AwdBatcher(_cfg(**kw), PrefillCostModel.fixed(COEFFS))
+
+
+def _short(rid: str, arrival: float, n: int = 16, slo: float | None = None) -> FakeReq:
+    return FakeReq(rid, arrival, n, slo_ttft_s=slo)
+
+
+def test_window_shrinks_near_a_deadline() -> None:
+    loose = _awd().decide([_short("a", 0.0, slo=1.0)], 0.001, 16384, 64)
+    tight = _awd().decide([_short("a", 0.0, slo=0.040)], 0.001, 16384, 64)
+    assert not loose.batch and not tight.batch
+    assert loose.hold_until == pytest.approx(0.050)  # the whole window (W_max)
+    # S_hat ~ 10.3 ms: the SLA window ends at 40 - 10.3 - delta(2) = ~27.7 ms, and the slack
+    # rule (slack <= sigma = 5 ms) fires earlier, at ~24.7 ms: the hold ends at the earlier
+    assert tight.hold_until == pytest.approx(0.040 - 0.0103 - 0.005, abs=1e-4)
+    assert tight.hold_until < loose.hold_until
+
+
+def test_dispatch_at_depth_and_adaptation_of_w_and_d() -> None:
+    awd = _awd()
+    awd.depth = 4
+    reqs = [_short(f"r{i}", 0.001 * i) for i in range(4)]
+    d = awd.decide(reqs, 0.004, 16384, 64)
+    assert d.reason == "depth" and len(d.batch) == 4
+    awd.dispatched(4, 0.004, d.round_start)
+    assert awd.window == pytest.approx(0.004)  # W <- time taken to reach the depth
+    assert awd.depth == 8  # ours: a reached depth grows D one grid step
+    # a window that expires before the depth: D <- the depth reached, W relaxes back up
+    few = [_short("x", 0.010), _short("y", 0.011)]
+    d2 = awd.decide(few, 0.030, 16384, 64)
+    assert d2.reason == "window" and len(d2.batch) == 2
+    awd.dispatched(2, 0.030, d2.round_start)
+    assert awd.depth == 2 and awd.window == pytest.approx(0.004 + (0.050 - 0.004) / 2)
+    # D grows back when dispatches reach it again
+    d3 = awd.decide([_short("p", 0.031), _short("q", 0.031)], 0.032, 16384, 64)
+    assert d3.reason == "depth"
+    awd.dispatched(2, 0.032, d3.round_start)
+    assert awd.depth == 4
+
+
+def test_tight_deadline_request_is_in_the_batch_it_triggers() -> None:
+    awd = _awd()
+    # many 16-token requests with loose deadlines, one 200-token request about to miss
+    reqs = [_short(f"s{i}", 0.0, 16, slo=5.0) for i in range(6)]
+    urgent = _short("urgent", 0.0, 200, slo=0.020)
+    d = awd.decide(reqs + [urgent], 0.001, 16384, 64)
+    assert d.reason == "slack" and urgent in d.batch
+    assert d.batch[0] is urgent  # the batch is built around it (its 256 bucket, shorter ones padded)
+
+
+def test_depth_is_capped_by_the_token_budget() -> None:
+    awd = _awd()
+    reqs = [_short(f"r{i}", 0.0, 200) for i in range(40)]
+    d = awd.decide(reqs, 0.3, 1024, 64)  # 256-token padded shape: 4 fit in 1024 tokens
+    assert len(d.batch) == 4
+
+
+def test_deadline_free_mode_dispatches_at_min_tokens() -> None:
+    awd = _awd(slo_ttft_ms=None, awd_min_batch_tokens=64)
+    three = [_short(f"r{i}", 0.0, 16) for i in range(3)]
+    held = awd.decide(three, 0.001, 16384, 64)
+    assert not held.batch and held.hold_until == pytest.approx(0.200)  # T_max bound
+    d = awd.decide(three + [_short("r3", 0.0, 16)], 0.001, 16384, 64)
+    assert d.reason == "tokens" and len(d.batch) == 4
+
+
+def test_largest_chunk_fits_the_time() -> None:
+    model = PrefillCostModel.fixed(COEFFS)
+    n = largest_chunk(model, 0.030, 0, 8192)
+    assert model.step_s([(n, 0)]) <= 0.030 < model.step_s([(n + 1, 0)])
+    assert largest_chunk(model, 0.005, 0, 8192) == 0
+
+
+# ---------------------------------------------------------------------------- dual + scheduler
+def _run(cfg: PolicyConfig, arrivals: list[SimReq], until: float, long_policy: str = "fcfs"):
+    """Drive the real Scheduler on a virtual clock with the fixed model's step times; returns
+    (steps as (time, mode, [(rid, n)]), finished prefill times by rid)."""
+    model = PrefillCostModel.fixed(COEFFS)
+    inner = create_prefill_policy(long_policy, PolicyConfig(**{**cfg.__dict__, "prefill_queues": "single",
+                                                              "prefill_role": "both"}))
+    policy = DualQueuePrefillPolicy(cfg, inner, model)
+    sched = Scheduler(CountingAllocator(100_000), cfg, policy, create_decode_policy("continuous", cfg))
+    pending = sorted(arrivals, key=lambda r: r.arrival)
+    now, steps, done = 0.0, [], {}
+    while now < until and (pending or sched.waiting):
+        while pending and pending[0].arrival <= now:
+            sched.add(pending.pop(0))
+        step = sched.schedule(now)
+        if step is None or step.mode is ForwardMode.DECODE:
+            assert sched.unblock(now) == []  # a hold aborts nothing
+            nxt = [sched.hold_deadline] if sched.hold_deadline else []
+            nxt += [pending[0].arrival] if pending else []
+            now = max(now + 1e-4, min(nxt)) if nxt else now + 1e-3
+            for r in list(sched.running):  # prefill-only view: finished prefills leave
+                sched.remove(r)
+            continue
+        steps.append((now, [(r.rid, n) for r, n in step.plan]))
+        now += model.step_s((n, r.kv_len) for r, n in step.plan)
+        for r in sched.after_extend(step.plan):
+            done[r.rid] = now
+        for r in list(sched.running):
+            sched.remove(r)
+    return steps, done, policy
+
+
+def _sim(rid: str, arrival: float, n: int, slo: float | None = None) -> SimReq:
+    return SimReq(rid, arrival, n, 4, slo_ttft_s=slo)
+
+
+def test_no_mixed_batches_and_shorts_do_not_wait_behind_a_long_prompt() -> None:
+    cfg = _cfg(chunked_prefill_size=1024)
+    reqs = [_sim("long", 0.0, 8000)] + [_sim(f"s{i}", 0.005 + 0.01 * i, 32, slo=0.3) for i in range(20)]
+    steps, done, _ = _run(cfg, reqs, 10.0)
+    for _, plan in steps:
+        classes = {rid == "long" for rid, _ in plan}
+        assert len(classes) == 1, plan  # all-short or all-long
+    assert set(done) == {r.rid for r in reqs}
+    short_ttft = [done[f"s{i}"] - (0.005 + 0.01 * i) for i in range(20)]
+    assert max(short_ttft) < 0.3  # every short one meets its SLO despite the 8K prompt
+    # and they are batched: fewer short steps than short requests
+    assert sum(1 for _, plan in steps if plan[0][0] != "long") < 20
+
+
+def test_long_queue_wait_is_bounded_under_a_stream_of_shorts() -> None:
+    cfg = _cfg(prefill_long_max_wait_ms=300.0, chunked_prefill_size=512, prefill_role="short")
+    shorts = [_sim(f"s{i}", 0.002 * i, 32, slo=0.5) for i in range(1500)]  # 3 s of back-to-back shorts
+    steps, done, _ = _run(cfg, [_sim("long", 0.0, 2048)] + shorts, 20.0)
+    long_steps = [t for t, plan in steps if plan[0][0] == "long"]
+    assert len(long_steps) == 4  # 2048 tokens in 512-token chunks
+    gaps = [b - a for a, b in zip([0.0] + long_steps, long_steps)]
+    assert max(gaps) < 0.300 + 0.2  # the bound plus at most one short step in between
+    assert "long" in done and set(done) == {r.rid for r in shorts} | {"long"}
+
+
+def test_role_long_serves_shorts_only_when_no_long_waits_and_never_strands_them() -> None:
+    cfg = _cfg(prefill_role="long", chunked_prefill_size=1024, prefill_long_max_wait_ms=1000.0)
+    reqs = [_sim("L1", 0.0, 3000), _sim("s1", 0.001, 16, slo=5.0), _sim("L2", 0.002, 3000)]
+    steps, done, _ = _run(cfg, reqs, 10.0)
+    order = [plan[0][0] for _, plan in steps]
+    assert order.index("s1") > max(i for i, rid in enumerate(order) if rid in ("L1", "L2"))
+    assert set(done) == {"L1", "L2", "s1"}
+
+
+def test_role_switch_at_runtime_and_bad_role() -> None:
+    policy = create_prefill_policy("fcfs", _cfg())
+    assert isinstance(policy, DualQueuePrefillPolicy) and policy.role == "both"
+    policy.set_role("long")
+    assert policy.role == "long"
+    with pytest.raises(ValueError, match="prefill role"):
+        policy.set_role("medium")
+
+
+def test_classification_key_is_stable_and_auto_threshold_is_pla_boundary() -> None:
+    fixed = DualQueuePrefillPolicy(_cfg(short_prefill_threshold=100), create_prefill_policy("fcfs"))
+    r = FakeReq("r", 0.0, 150, cached_len=60)  # 90 new tokens: short
+    assert fixed.is_short(r)
+    r.prefilled_len = 120  # chunks done do not change its class
+    assert fixed.is_short(r)
+    # auto: L_m = (g_w - b) / a for prefills (PLA-Serve §2.1)
+    coeffs = PrefillCoeffs(launch_s=0.001, a=1e-8, b=1e-6, g_w=4e-6, g_r=1e-7)
+    auto = DualQueuePrefillPolicy(_cfg(short_prefill_threshold=None), create_prefill_policy("fcfs"),
+                                  PrefillCostModel.fixed(coeffs))
+    auto.refresh_threshold(0.0)
+    assert auto.threshold() == 300
+    assert auto.is_short(FakeReq("a", 0.0, 300)) and not auto.is_short(FakeReq("b", 0.0, 301))
+    # a re-prefill over a long history has the H-dependent boundary
+    h = 10_000
+    lm = PrefillCostModel.fixed(coeffs).boundary_tokens(h)
+    assert auto.threshold(h) == int(lm) and int(lm) != 300
+
+
+def test_hold_sets_budget_and_plans_nothing() -> None:
+    policy = DualQueuePrefillPolicy(_cfg(), create_prefill_policy("fcfs"), PrefillCostModel.fixed(COEFFS))
+    budget = PrefillBudget(16384, 4096, 64, CountingKV(10**6))
+    assert policy.schedule([_short("a", 0.0, 16, slo=1.0)], 0.001, budget) == []
+    assert budget.hold_deadline == pytest.approx(0.050)
