@@ -326,3 +326,71 @@ def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: 
         time.sleep(0.2)
     router.stop()
     raise TimeoutError(f"router not ready after {ready_timeout}s:\n{router.log()[-4000:]}")
+
+
+def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ...]], n_decode: int,
+                env: dict[str, str] | None = None) -> tuple[list[Prefill], list[ServerHandle]]:
+    """As ``start_all``, with each prefill's own flags (e.g. one ``--prefill-role short``, one
+    ``long``); on any failure stop the ones that did start."""
+    require_nixl()
+    n_prefill = len(prefill_flags)
+    ports = distinct_ports(2 * n_prefill + n_decode)
+    with ThreadPoolExecutor(n_prefill + n_decode) as pool:
+        p_futs = [pool.submit(start_prefill, model_dir, log_dir, *flags, env=env,
+                              port=ports[2 * i], bootstrap_port=ports[2 * i + 1])
+                  for i, flags in enumerate(prefill_flags)]
+        d_futs = [pool.submit(start_decode, model_dir, log_dir, env=env,
+                              port=ports[2 * n_prefill + i]) for i in range(n_decode)]
+        wait(p_futs + d_futs)
+    prefills = [f.result() for f in p_futs if f.exception() is None]
+    decodes = [f.result() for f in d_futs if f.exception() is None]
+    errors = [f.exception() for f in p_futs + d_futs if f.exception() is not None]
+    if errors:
+        stop_all(prefills, decodes)
+        raise errors[0]
+    return prefills, decodes
+
+
+def start_pd_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,
+                    *extra: str, ready_timeout: float = 60.0) -> RouterHandle:
+    """Our router (``python -m sglang_pd_router``) in front of the servers; returns once its
+    /health counts every worker healthy."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation",
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "info", *extra]
+    for p in prefills:
+        cmd += ["--prefill", p.base_url, str(p.bootstrap_port)]
+    for d in decodes:
+        cmd += ["--decode", d.base_url]
+    log_path = log_dir / f"pd_router_{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    router = RouterHandle(f"http://127.0.0.1:{port}", proc, log_path)
+    want = len(prefills) + len(decodes)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log()[-4000:]}")
+        try:
+            r = httpx.get(router.base_url + "/health", timeout=2.0)
+            if r.status_code == 200 and r.json().get("healthy_workers") == want:
+                return router
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    router.stop()
+    raise TimeoutError(f"router not ready after {ready_timeout}s:\n{router.log()[-4000:]}")
+
+
+def metric_value(base_url: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus sample ``name`` over the series whose labels include ``labels``
+    (0 when none)."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total

@@ -48,6 +48,16 @@ def test_router_has_no_torch_or_server_internals() -> None:
     assert _violations(ROOT / "router", forbidden) == []
 
 
+def test_router_is_its_own_distribution_and_its_policies_are_pure() -> None:
+    # `pip install ./router` carries no sglang_pd; the policies and the pool controller are
+    # shared with the simulator, so they do no I/O (the caller passes time and signals)
+    assert _violations(ROOT / "router", ("sglang_pd",)) == []
+    io = ("aiohttp", "asyncio", "socket", "prometheus_client", "orjson", "tokenizers", "time")
+    router_pkg = ROOT / "router" / "sglang_pd_router"
+    assert _violations(router_pkg / "policies", io) == []
+    assert _violations(router_pkg / "controller.py", io) == []
+
+
 def test_protocol_is_plain_data() -> None:
     assert {n.split(".")[0] for n in _imports(PKG / "protocol.py")} <= {"__future__", "typing", "math", "msgspec"}
 
@@ -65,6 +75,17 @@ def test_scheduler_and_allocator_are_torch_free() -> None:
 
 def test_sim_is_torch_free() -> None:
     assert _violations(PKG / "sim", TORCH_FREE_MECHANISM) == []
+
+
+def test_sim_uses_only_the_torch_free_engine_mechanism() -> None:
+    """sim/ drives the engine's Scheduler, allocator and PD rules, nothing else of the engine."""
+    allowed = {"sglang_pd.engine.scheduler", "sglang_pd.engine.page_allocator", "sglang_pd.engine.pd_rules"}
+    bad = []
+    for path in (PKG / "sim").rglob("*.py"):
+        for name in _imports(path):
+            if name.startswith("sglang_pd.engine") and name not in allowed and name.rsplit(".", 1)[0] not in allowed:
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert bad == []
 
 
 def test_models_know_no_loop_or_http() -> None:

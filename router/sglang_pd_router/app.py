@@ -1,0 +1,324 @@
+"""The router's HTTP service (aiohttp): generation routes with dual dispatch, worker admin,
+health and metrics. ``RouterService`` owns the state; ``run_router`` serves it until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import signal
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from .admission import Admission, QueueFull
+from .classify import BatchNotSupported, LengthEstimator
+from .config import RouterConfig
+from .metrics import CONTENT_TYPE, RouterMetrics
+from .monitor import WorkerMonitor
+from .policies import RouteRequest, RoutingConfig, classify_length, create_routing_policy
+from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
+from .workers import Worker, WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+DEFAULT_THRESHOLD = 512
+MAX_BODY_BYTES = 64 * 1024 * 1024  # prompts of ~100K tokens as JSON id lists fit
+
+
+class RouterService:
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.metrics = RouterMetrics()
+        self.estimator = LengthEstimator(cfg.tokenizer_path)
+        self.registry = WorkerRegistry(cfg.cb_failure_threshold, cfg.cb_timeout_s)
+        for spec in cfg.prefills:
+            self.registry.add(spec.url, "prefill", spec.bootstrap_port)
+        for url in cfg.decodes:
+            self.registry.add(url, "decode")
+        threshold = cfg.short_prefill_threshold or DEFAULT_THRESHOLD
+        self.prefill_policy = create_routing_policy(
+            cfg.prefill_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
+        self.decode_policy = create_routing_policy(
+            cfg.decode_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
+        key = cfg.key_for_workers
+        self.worker_headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size,
+                                   cfg.queue_timeout_s, self.metrics.queued.set)
+        self.session: aiohttp.ClientSession | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.monitor: WorkerMonitor | None = None
+
+    @property
+    def threshold(self) -> int:
+        return self.prefill_policy.cfg.short_prefill_threshold
+
+    def set_threshold(self, value: int) -> None:
+        if value != self.threshold:
+            logger.info("short-prefill threshold now %d tokens (the workers')", value)
+        self.prefill_policy.cfg.short_prefill_threshold = value
+        self.decode_policy.cfg.short_prefill_threshold = value
+
+    # ------------------------------------------------------------------ life cycle
+    async def start(self, _app: web.Application | None = None) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                             cookie_jar=aiohttp.DummyCookieJar(),
+                                             json_serialize=lambda o: orjson.dumps(o).decode())
+        self.dispatcher = Dispatcher(
+            self.registry, self.prefill_policy, self.decode_policy, self.session,
+            worker_headers=self.worker_headers, max_retries=self.cfg.max_retries,
+            backoff_initial_s=self.cfg.retry_initial_backoff_ms / 1000,
+            backoff_max_s=self.cfg.retry_max_backoff_ms / 1000,
+            request_timeout_s=self.cfg.request_timeout_s,
+            on_routed=lambda cls, p, d: self.metrics.routed.labels(cls, p.url, d.url).inc(),
+            on_retry=lambda cls: self.metrics.retries.labels(cls).inc())
+        self.monitor = WorkerMonitor(self.cfg, self.registry, self.session, self.metrics,
+                                     self.worker_headers, self.set_threshold)
+        workers = self.registry.all()
+        await asyncio.gather(*(self.monitor.discover(w) for w in workers))
+        await asyncio.gather(self.monitor.check_health(), self.monitor.poll_loads())
+        self.monitor.start()
+
+    async def stop(self, _app: web.Application | None = None) -> None:
+        if self.monitor is not None:
+            await self.monitor.stop()
+        if self.session is not None:
+            await self.session.close()
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        for path in GENERATION_ROUTES:
+            app.router.add_post(path, self._generation_handler(path))
+        for path in ("/v1/models", "/get_model_info", "/model_info"):
+            app.router.add_get(path, self._forward_get(path))
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/readiness", self.health)
+        app.router.add_get("/metrics", self.render_metrics)
+        app.router.add_get("/workers", self.list_workers)
+        app.router.add_post("/workers", self.add_worker)
+        app.router.add_delete("/workers", self.remove_worker)
+        return app
+
+    # ------------------------------------------------------------------ generation
+    def _generation_handler(self, path: str):
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self.generate(request, path)
+        return handler
+
+    def _apply_slo_defaults(self, body: dict[str, Any], request: web.Request, cls: str) -> None:
+        """The class's SLO defaults as the body's ``slo`` when the client sent none (neither in
+        the body nor as x-slo-* headers); servers parse it (``frontend/inputs.py``)."""
+        if "slo" in body or "x-slo-ttft-ms" in request.headers \
+                or "x-slo-tpot-ms" in request.headers:
+            return
+        slo = {}
+        if cls in self.cfg.slo_ttft_ms:
+            slo["ttft_ms"] = self.cfg.slo_ttft_ms[cls]
+        if cls in self.cfg.slo_tpot_ms:
+            slo["tpot_ms"] = self.cfg.slo_tpot_ms[cls]
+        if slo:
+            body["slo"] = slo
+
+    async def generate(self, request: web.Request, path: str) -> web.StreamResponse:
+        t_arrival = time.monotonic()
+        try:
+            body = orjson.loads(await request.read())
+        except ValueError as e:
+            return self._answer(path, "", error_response(400, f"the body is not JSON: {e}"))
+        if not isinstance(body, dict):
+            return self._answer(path, "", error_response(400, "the body must be a JSON object"))
+        try:
+            prompt_len = self.estimator.prompt_len(path, body)
+        except BatchNotSupported as e:
+            return self._answer(path, "", error_response(
+                400, f"batches are not routed in PD mode ({e}); send one request per prompt"))
+        cls = classify_length(prompt_len, self.threshold)
+        self._apply_slo_defaults(body, request, cls)
+        slo = body.get("slo") if isinstance(body.get("slo"), dict) else {}
+        ttft_ms = slo.get("ttft_ms")
+        route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
+            ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
+        stream = body.get("stream") is True
+        try:
+            await self.admission.acquire()
+        except QueueFull as e:
+            self.metrics.rejected.labels("queue").inc()
+            return self._answer(path, cls, error_response(503, f"router overloaded: {e}",
+                                                          headers={"Retry-After": "1"}))
+        self.metrics.in_flight.inc()
+        assert self.dispatcher is not None
+        try:
+            resp = await asyncio.wait_for(
+                self.dispatcher.serve(request, path, body, route_req, stream, t_arrival,
+                                      self.metrics.added_latency.labels(cls).observe),
+                self.cfg.request_timeout_s)
+        except asyncio.TimeoutError:
+            resp = await self._timed_out(request)
+        finally:
+            self.metrics.in_flight.dec()
+            self.admission.release()
+        return self._answer(path, cls, resp)
+
+    async def _timed_out(self, request: web.Request) -> web.StreamResponse:
+        message = f"request timed out after {self.cfg.request_timeout_s:g}s in the router"
+        out = request.get(STREAM_KEY)
+        if out is None:
+            return error_response(504, message)
+        try:  # bytes were sent already: end the stream with an error event
+            await out.write(b"data: " + error_body(504, message) + b"\n\n")
+            await out.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return out
+
+    def _answer(self, path: str, cls: str, resp: web.StreamResponse) -> web.StreamResponse:
+        self.metrics.requests.labels(path, cls or "none", str(resp.status)).inc()
+        if resp.status >= 400:
+            self.metrics.failures.labels(cls or "none", str(resp.status)).inc()
+        return resp
+
+    # ------------------------------------------------------------------ other routes
+    def _forward_get(self, path: str):
+        async def handler(request: web.Request) -> web.Response:
+            assert self.session is not None
+            now = time.monotonic()
+            candidates = sorted(self.registry.by_kind["decode"] + self.registry.by_kind["prefill"],
+                                key=lambda w: not w.routable(now))
+            for worker in candidates:
+                try:
+                    async with self.session.get(worker.url + path, headers=self.worker_headers,
+                                                timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        return web.Response(body=await r.read(), status=r.status,
+                                            content_type=r.content_type or "application/json")
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                    continue
+            return error_response(503, "no worker answered")
+        return handler
+
+    async def health(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        healthy = {kind: sum(w.routable(now) for w in workers)
+                   for kind, workers in self.registry.by_kind.items()}
+        ok = healthy["prefill"] > 0 and healthy["decode"] > 0
+        body = {"status": "ok" if ok else "unavailable", "healthy_workers": sum(healthy.values()),
+                "healthy_prefill": healthy["prefill"], "healthy_decode": healthy["decode"]}
+        return web.Response(body=orjson.dumps(body), status=200 if ok else 503,
+                            content_type="application/json")
+
+    async def render_metrics(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=self.metrics.render())
+        resp.headers["Content-Type"] = CONTENT_TYPE
+        return resp
+
+    def _authorized(self, request: web.Request) -> bool:
+        if not self.cfg.api_key:
+            return True
+        given = request.headers.get("Authorization", "").encode()
+        return hmac.compare_digest(given, f"Bearer {self.cfg.api_key}".encode())
+
+    def _unauthorized(self) -> web.Response:
+        return error_response(401, "Unauthorized: missing or wrong API key "
+                                    "(send 'Authorization: Bearer <key>')")
+
+    async def list_workers(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        now = time.monotonic()
+        body = {"workers": [w.describe(now) for w in self.registry.all()],
+                "short_prefill_threshold": self.threshold,
+                "pools": self.registry.pool_sizes(),
+                "pool_pressures": (self.monitor.controller.last_pressures
+                                   if self.monitor and self.monitor.controller else None)}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(await request.read())
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object"),
+                                     content_type="application/json")
+        return body
+
+    async def add_worker(self, request: web.Request) -> web.Response:
+        """``{"url": ..., "kind": "prefill"|"decode", "bootstrap_port": N}``"""
+        if not self._authorized(request):
+            return self._unauthorized()
+        body = await self._json(request)
+        url, kind = body.get("url"), body.get("kind")
+        port = body.get("bootstrap_port")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            return error_response(400, "'url' must be an http(s) URL")
+        if kind not in ("prefill", "decode"):
+            return error_response(400, "'kind' must be 'prefill' or 'decode'")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                                 or not 0 < port < 65536):
+            return error_response(400, "'bootstrap_port' must be a port number or null")
+        if kind == "prefill" and "bootstrap_port" not in body:
+            return error_response(400, "a prefill worker needs 'bootstrap_port' (null for none)")
+        try:
+            worker = self.registry.add(url.rstrip("/"), kind, port)
+        except ValueError as e:
+            return error_response(409, str(e))
+        if self.monitor is not None:
+            await self.monitor.discover(worker)
+        return web.Response(body=orjson.dumps(worker.describe(time.monotonic())),
+                            content_type="application/json")
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        """``?url=...`` or ``{"url": ...}``; in-flight requests there finish."""
+        if not self._authorized(request):
+            return self._unauthorized()
+        url = request.query.get("url") or (await self._json(request)).get("url")
+        if not isinstance(url, str):
+            return error_response(400, "give the worker's 'url'")
+        try:
+            worker: Worker = self.registry.remove(url)
+        except KeyError:
+            return error_response(404, f"no worker {url}")
+        return web.Response(body=orjson.dumps({"removed": worker.url}),
+                            content_type="application/json")
+
+
+async def serve(cfg: RouterConfig) -> None:
+    service = RouterService(cfg)
+    runner = web.AppRunner(service.make_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    await site.start()
+    logger.info("sglang-pd-router listening on http://%s:%d (%d prefill, %d decode)",
+                cfg.host, cfg.port, len(cfg.prefills), len(cfg.decodes))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not on this platform
+            pass
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_router(cfg: RouterConfig) -> None:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(cfg))
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,338 @@
+"""Dual dispatch of one request to a prefill and a decode worker (DESIGN.md §2 and §5).
+
+Each try draws a new 63-bit ``bootstrap_room``, sends the same body (plus ``bootstrap_host`` /
+``bootstrap_port`` / ``bootstrap_room``) to both workers at once, and answers the client from
+decode's first byte: the prefill's response is never waited for (it carries only the first token,
+which decode returns too). Until the first byte of decode's answer is in hand, a failure of either
+leg (connect error, 5xx, an SSE error event with a 5xx code, a prefill 5xx) cancels both legs and
+tries again after a backoff, with a new room and avoiding the failed worker; a prefill 4xx is the
+client's error and is answered at once. After the first byte, errors pass through as decode sends
+them, or as an SSE error event when decode's connection breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from .policies import RouteRequest, RoutingPolicy
+from .workers import Worker, WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+# where a started stream is kept on the request, so a timeout can end it in-band
+STREAM_KEY: Any = (web.RequestKey("router_stream", web.StreamResponse)
+                   if hasattr(web, "RequestKey") else "router_stream")
+# rooms need to be unique, not secret: a fast generator seeded from the OS
+_ROOMS = random.Random(int.from_bytes(os.urandom(16), "little"))
+_RETRY_STATUSES = frozenset({500, 502, 503, 504})
+_FORWARDED_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-request-id")
+
+
+class RouteError(Exception):
+    """An answer the router gives itself (no worker's response to pass on)."""
+
+    def __init__(self, status: int, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retriable = retriable
+
+
+def error_body(status: int, message: str) -> bytes:
+    kind = "ServerError" if status >= 500 else "BadRequestError"
+    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None
+                   ) -> web.Response:
+    return web.Response(body=error_body(status, message), status=status,
+                        content_type="application/json", headers=headers)
+
+
+@dataclass
+class LegResult:
+    status: int
+    body: bytes
+
+
+@dataclass
+class DecodeHead:
+    """Decode's answer up to the first byte: the open response and what was read."""
+    resp: aiohttp.ClientResponse
+    first: bytes  # stream: the first chunk; otherwise the whole body
+    done: bool  # the body was read to the end
+
+
+def sse_error_status(chunk: bytes) -> int | None:
+    """The code of an SSE error event opening ``chunk`` (our servers' shape), else None."""
+    if not chunk.startswith(b"data: {\"error\""):
+        return None
+    try:
+        event = orjson.loads(chunk[5:].split(b"\n\n", 1)[0])
+        return int(event["error"].get("code", 500))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 500
+
+
+class Dispatcher:
+    def __init__(self, registry: WorkerRegistry, prefill_policy: RoutingPolicy,
+                 decode_policy: RoutingPolicy, session: aiohttp.ClientSession, *,
+                 worker_headers: dict[str, str], max_retries: int, backoff_initial_s: float,
+                 backoff_max_s: float, request_timeout_s: float,
+                 on_routed: Callable[[str, Worker, Worker], None] | None = None,
+                 on_retry: Callable[[str], None] | None = None) -> None:
+        self.registry = registry
+        self.prefill_policy = prefill_policy
+        self.decode_policy = decode_policy
+        self.session = session
+        self.worker_headers = worker_headers
+        self.max_retries = max_retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.request_timeout_s = request_timeout_s
+        self.on_routed = on_routed
+        self.on_retry = on_retry
+        self._background: set[asyncio.Task] = set()  # prefill legs that outlive the answer
+
+    # ------------------------------------------------------------------ picking
+    def _pick(self, kind: str, policy: RoutingPolicy, route_req: RouteRequest,
+              avoid: frozenset[str]) -> Worker:
+        now = time.monotonic()
+        workers, views = self.registry.views(kind, now, avoid)
+        index = policy.select(route_req, views, now)
+        if index is None:
+            raise RouteError(503, f"no healthy {kind} worker", retriable=True)
+        return workers[index]
+
+    # ------------------------------------------------------------------ legs
+    async def _prefill_leg(self, worker: Worker, path: str, data: bytes,
+                           headers: dict[str, str], tokens: int) -> LegResult:
+        worker.in_flight += 1
+        worker.outstanding_prefill_tokens += tokens
+        try:
+            async with self.session.post(worker.url + path, data=data, headers=headers) as resp:
+                return LegResult(resp.status, await resp.read())
+        finally:
+            worker.in_flight -= 1
+            worker.outstanding_prefill_tokens -= tokens
+
+    async def _decode_head(self, worker: Worker, path: str, data: bytes,
+                           headers: dict[str, str], stream: bool) -> DecodeHead:
+        resp = await self.session.post(worker.url + path, data=data, headers=headers)
+        try:
+            if stream and resp.status == 200:
+                first = await resp.content.readany()
+                return DecodeHead(resp, first, done=not first)
+            return DecodeHead(resp, await resp.read(), done=True)
+        except BaseException:
+            resp.close()
+            raise
+
+    # ------------------------------------------------------------------ one request
+    async def serve(self, request: web.Request, path: str, body: dict[str, Any],
+                    route_req: RouteRequest, stream: bool, t_arrival: float,
+                    on_first_send: Callable[[float], None]) -> web.StreamResponse:
+        headers = {"Content-Type": "application/json", **self.worker_headers}
+        for name in _FORWARDED_HEADERS:
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        cls = route_req.request_class
+        avoid: set[str] = set()
+        last_error = RouteError(503, "no attempt made")
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                if self.on_retry is not None:
+                    self.on_retry(cls)
+                delay = min(self.backoff_initial_s * 2 ** (attempt - 1), self.backoff_max_s)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jitter
+            try:
+                prefill = self._pick("prefill", self.prefill_policy, route_req, frozenset(avoid))
+                decode = self._pick("decode", self.decode_policy, route_req, frozenset(avoid))
+            except RouteError as e:
+                last_error = e
+                continue
+            now = time.monotonic()
+            prefill.breaker.on_pick(now)  # only once both are picked: a half-open trial
+            decode.breaker.on_pick(now)
+            payload = {**body, "bootstrap_host": prefill.bootstrap_host,
+                       "bootstrap_port": prefill.bootstrap_port,
+                       "bootstrap_room": _ROOMS.getrandbits(63)}
+            data = orjson.dumps(payload)
+            if self.on_routed is not None:
+                self.on_routed(cls, prefill, decode)
+            sent_after = time.monotonic() - t_arrival
+            result = await self._try_pair(request, path, data, headers, route_req, stream,
+                                          prefill, decode, body)
+            if isinstance(result, web.StreamResponse):
+                on_first_send(sent_after)  # the router's share of the answered try
+                return result
+            last_error = result
+            if not result.retriable:
+                break
+            for w, failed in ((prefill, result.failed_prefill), (decode, result.failed_decode)):
+                if failed:
+                    avoid.add(w.url)
+            logger.warning("attempt %d (%s -> %s) failed: %s", attempt + 1, prefill.url,
+                           decode.url, result.message)
+        if isinstance(last_error, _AttemptError) and last_error.response is not None:
+            return last_error.response
+        return error_response(last_error.status, last_error.message)
+
+    async def _try_pair(self, request: web.Request, path: str, data: bytes,
+                        headers: dict[str, str], route_req: RouteRequest, stream: bool,
+                        prefill: Worker, decode: Worker, body: dict[str, Any]
+                        ) -> "web.StreamResponse | _AttemptError":
+        tokens = max(route_req.prompt_len - route_req.cached_len, 0)
+        p_task = asyncio.ensure_future(self._prefill_leg(prefill, path, data, headers, tokens))
+        decode.in_flight += 1
+        d_task = asyncio.ensure_future(self._decode_head(decode, path, data, headers, stream))
+        head: DecodeHead | None = None
+        answered = False
+        try:
+            pending = {p_task, d_task}
+            while d_task in pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if p_task in done:
+                    err = self._prefill_failure(p_task, prefill)
+                    if err is not None:
+                        return err
+                    prefill.breaker.on_success()
+            try:
+                head = d_task.result()
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                decode.breaker.on_failure(time.monotonic())
+                return _AttemptError(502, f"decode {decode.url} failed: {e!r}",
+                                     failed_decode=True)
+            status = head.resp.status
+            first_error = sse_error_status(head.first) if stream and status == 200 else None
+            if status in _RETRY_STATUSES or (first_error is not None and first_error >= 500):
+                decode.breaker.on_failure(time.monotonic())
+                message = head.first.decode(errors="replace")[:500]
+                # the prefill's failure explains decode's 502 better, when it has one
+                return _AttemptError(status if first_error is None else first_error,
+                                     f"decode {decode.url} answered {status}: {message}",
+                                     failed_decode=True,
+                                     response=self._passthrough(head))
+            decode.breaker.on_success()
+            if not stream or status != 200:
+                answer = await self._answer_whole(head, p_task, body)
+            else:
+                answer = await self._answer_stream(request, head)
+            answered = True
+            return answer
+        finally:
+            decode.in_flight -= 1
+            if head is not None:
+                # a fully read body lets the connection go back to the pool; anything else
+                # (client gone, timeout, a failed try) closes it, which aborts the request there
+                head.resp.release() if answered else head.resp.close()
+            if not d_task.done():
+                d_task.cancel()
+            if p_task.done():
+                _swallow(p_task)
+            elif answered:  # prefill finishes on its own; keep a reference till then
+                self._background.add(p_task)
+                p_task.add_done_callback(self._background.discard)
+                p_task.add_done_callback(_swallow)
+            else:
+                p_task.cancel()
+
+    def _prefill_failure(self, p_task: asyncio.Future, prefill: Worker) -> "_AttemptError | None":
+        try:
+            result: LegResult = p_task.result()
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            prefill.breaker.on_failure(time.monotonic())
+            return _AttemptError(502, f"prefill {prefill.url} failed: {e!r}", failed_prefill=True)
+        if result.status in _RETRY_STATUSES:
+            prefill.breaker.on_failure(time.monotonic())
+            return _AttemptError(result.status, f"prefill {prefill.url} answered "
+                                 f"{result.status}: {result.body[:500].decode(errors='replace')}",
+                                 failed_prefill=True)
+        if result.status >= 400:  # the request itself is bad: decode can never get its KV
+            prefill.breaker.on_success()
+            resp = web.Response(body=result.body, status=result.status,
+                                content_type="application/json")
+            return _AttemptError(result.status, "prefill refused the request",
+                                 retriable=False, response=resp)
+        return None
+
+    @staticmethod
+    def _passthrough(head: DecodeHead) -> web.Response:
+        if head.resp.status == 200:  # an SSE error event: answer it as a JSON error
+            status = sse_error_status(head.first) or 502
+            body = head.first[5:].split(b"\n\n", 1)[0].strip()
+            return web.Response(body=body, status=status, content_type="application/json")
+        return web.Response(body=head.first, status=head.resp.status,
+                            content_type=head.resp.content_type or "application/json")
+
+    async def _answer_whole(self, head: DecodeHead, p_task: asyncio.Future,
+                            body: dict[str, Any]) -> web.Response:
+        out = head.first
+        if head.resp.status == 200 and body.get("return_logprob"):
+            out = await _merge_prompt_logprobs(out, p_task)
+        return web.Response(body=out, status=head.resp.status,
+                            content_type=head.resp.content_type or "application/json")
+
+    async def _answer_stream(self, request: web.Request, head: DecodeHead
+                             ) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={
+            "Content-Type": head.resp.headers.get("Content-Type", "text/event-stream"),
+            "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        request[STREAM_KEY] = out  # a timeout after this point ends the stream in-band
+        await out.write(head.first)
+        try:
+            async for chunk in head.resp.content.iter_any():
+                await out.write(chunk)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            # decode went away mid-stream: bytes were sent, so no retry; end with an error
+            logger.warning("decode stream broke off: %r", e)
+            await out.write(b"data: " + error_body(502, f"decode connection lost: {e!r}")
+                            + b"\n\n")
+        await out.write_eof()
+        return out
+
+
+class _AttemptError(RouteError):
+    def __init__(self, status: int, message: str, *, retriable: bool = True,
+                 failed_prefill: bool = False, failed_decode: bool = False,
+                 response: web.Response | None = None) -> None:
+        super().__init__(status, message, retriable)
+        self.failed_prefill = failed_prefill
+        self.failed_decode = failed_decode
+        self.response = response  # what to answer if this is the last try
+
+
+def _swallow(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception never retrieved" noise
+
+
+async def _merge_prompt_logprobs(decode_body: bytes, p_task: asyncio.Future) -> bytes:
+    """Copy the prompt logprobs (``input_*`` meta fields) that only a prefill computes into
+    decode's answer, when decode's lacks them; waits briefly for prefill's answer."""
+    try:
+        result: LegResult = await asyncio.wait_for(asyncio.shield(p_task), 5.0)
+        prefill_meta = orjson.loads(result.body).get("meta_info") or {}
+        answer = orjson.loads(decode_body)
+    except (asyncio.TimeoutError, aiohttp.ClientError, OSError, ValueError, AttributeError):
+        return decode_body
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    if not isinstance(meta, dict):
+        return decode_body
+    merged = False
+    for key, value in prefill_meta.items():
+        if key.startswith("input_") and value and not meta.get(key):
+            meta[key] = value
+            merged = True
+    return orjson.dumps(answer) if merged else decode_body

@@ -1,0 +1,298 @@
+"""Router overhead on instant stub backends: ours (sglang_pd_router) vs smg (SGLang's router).
+
+Stub prefill and decode servers (``python -m sglang_pd.bench.stub_server --first-ms 0
+--itl-ms 0``) answer at once, so whatever a request spends beyond the direct-to-decode baseline is
+the router's. For each router the script measures, in one run:
+
+- added latency to the first byte and to the last, p50 and p99, on streamed ``/generate`` at a
+  fixed open-loop rate (default 500 req/s): the router's percentile minus the same percentile
+  sent straight to the decode stub (no pairing per request is possible);
+- max requests/s: closed loop, non-streamed, ``--concurrency`` in flight;
+- first byte with a late prefill (``--first-ms`` = ``--late-ms`` on the prefill stub only): a
+  router that streams decode's answer from its first byte stays near the baseline; one that
+  waits for the prefill's response adds the prefill's delay.
+
+The router process is pinned to one core (``taskset -c 0``) and the stubs and client to the
+other when the machine has two or more. Numbers are noisy on a shared machine: say so when
+quoting them. Example: ``python scripts/bench_router_overhead.py --duration 5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+BODY = {"text": "hello router", "sampling_params": {"max_new_tokens": 4}, "stream": True}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(cmd: list[str], core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None:
+        return cmd
+    return ["taskset", "-c", str(core), *cmd]
+
+
+@dataclass
+class Proc:
+    name: str
+    proc: subprocess.Popen
+    url: str
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_stub(first_ms: float, core: int | None) -> Proc:
+    cmd = pinned([sys.executable, __file__, "--serve-stub", str(first_ms)], core)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("STUB_READY port="):
+        proc.kill()
+        raise RuntimeError(f"stub did not start: {line!r}")
+    return Proc(f"stub({first_ms}ms)", proc, f"http://127.0.0.1:{line.split('=')[1].strip()}")
+
+
+async def serve_stub(first_ms: float) -> None:
+    """sglang_pd.bench.stub_server's app (instant tokens after ``first_ms``) plus the info
+    routes smg probes at start-up to detect an SGLang backend."""
+    from aiohttp import web
+
+    from sglang_pd.bench.stub_server import StubConfig, make_app
+
+    app = make_app(StubConfig(first_ms=first_ms, itl_ms=0.0))
+    info = {"model_path": "stub-model", "version": "0.0-stub", "is_generation": True}
+
+    async def server_info(_: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "stub-model",
+                                                              "object": "model"}]})
+
+    async def get_load(_: web.Request) -> web.Response:
+        return web.json_response({"num_reqs": 0, "num_running_reqs": 0, "token_usage": 0.0})
+
+    for path in ("/server_info", "/get_server_info", "/version", "/model_info"):
+        app.router.add_get(path, server_info)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/get_load", get_load)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(f"STUB_READY port={site._server.sockets[0].getsockname()[1]}", flush=True)
+    await asyncio.sleep(900)  # bounded: a forgotten stub exits by itself
+
+
+def start_router(kind: str, prefill: str, decode: str, core: int | None, log_dir: str) -> Proc:
+    port = free_port()
+    common = ["--pd-disaggregation", "--prefill", prefill, "8998", "--decode", decode,
+              "--host", "127.0.0.1", "--port", str(port), "--prefill-policy", "round_robin",
+              "--decode-policy", "round_robin"]
+    if kind == "ours":
+        cmd = [sys.executable, "-m", "sglang_pd_router", *common, "--pool-controller", "off",
+               "--log-level", "warning", "--max-concurrent-requests", "4096"]
+    else:
+        cmd = [sys.executable, "-m", "smg.launch_router", *common, "--log-level", "warn"]
+    log = open(os.path.join(log_dir, f"{kind}_{port}.log"), "wb")
+    proc = subprocess.Popen(pinned(cmd, core), stdout=log, stderr=subprocess.STDOUT)
+    return Proc(kind, proc, f"http://127.0.0.1:{port}")
+
+
+async def wait_ready(client: aiohttp.ClientSession, proc: Proc, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}")
+        try:
+            async with client.post(proc.url + "/generate", json=BODY) as r:
+                if r.status == 200:
+                    await r.read()
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.3)
+    raise TimeoutError(f"{proc.name} not ready in {limit_s}s")
+
+
+@dataclass
+class Samples:
+    first: list[float] = field(default_factory=list)
+    last: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+async def one_stream(client: aiohttp.ClientSession, url: str, out: Samples) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with client.post(url + "/generate", json=BODY) as r:
+            first = None
+            async for _ in r.content.iter_any():
+                if first is None:
+                    first = time.perf_counter() - t0
+            if r.status != 200 or first is None:
+                out.errors += 1
+                return
+        out.first.append(first)
+        out.last.append(time.perf_counter() - t0)
+    except aiohttp.ClientError:
+        out.errors += 1
+
+
+async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, duration: float
+                    ) -> Samples:
+    out = Samples()
+    tasks = []
+    start = time.perf_counter()
+    n = int(rate * duration)
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one_stream(client, url, out)))
+    await asyncio.gather(*tasks)
+    return out
+
+
+async def closed_loop(client: aiohttp.ClientSession, url: str, concurrency: int,
+                      duration: float) -> float:
+    body = {**BODY, "stream": False}
+    done = 0
+    deadline = time.perf_counter() + duration
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            async with client.post(url + "/generate", json=body) as r:
+                await r.read()
+                done += r.status == 200
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - t0)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+async def bench(args: argparse.Namespace) -> None:
+    cores = os.cpu_count() or 1
+    router_core, other_core = (0, 1) if cores >= 2 and not args.no_pin else (None, None)
+    if other_core is not None:
+        os.sched_setaffinity(0, {other_core})
+    log_dir = args.log_dir
+    os.makedirs(log_dir, exist_ok=True)
+    fast_prefill = start_stub(0, other_core)
+    late_prefill = start_stub(args.late_ms, other_core)
+    decode = start_stub(0, other_core)
+    procs = [fast_prefill, late_prefill, decode]
+    rows = []
+    connector = aiohttp.TCPConnector(limit=0)
+    try:
+        async with aiohttp.ClientSession(connector=connector) as client:
+            await wait_ready(client, decode)
+            base = await open_loop(client, decode.url, args.rate, args.duration)
+            rows.append(("direct (baseline)", base, await closed_loop(
+                client, decode.url, args.concurrency, args.duration), None))
+            for kind in args.routers:
+                if kind == "smg" and not _has_smg():
+                    print("smg is not installed (pip install smg): skipped")
+                    continue
+                router = start_router(kind, fast_prefill.url, decode.url, router_core, log_dir)
+                procs.append(router)
+                await wait_ready(client, router)
+                await open_loop(client, router.url, args.rate, 1.0)  # warm-up
+                lat = await open_loop(client, router.url, args.rate, args.duration)
+                rps = await closed_loop(client, router.url, args.concurrency, args.duration)
+                router.stop()
+                late = start_router(kind, late_prefill.url, decode.url, router_core, log_dir)
+                procs.append(late)
+                await wait_ready(client, late)
+                late_samples = Samples()
+                for _ in range(args.late_requests):
+                    await one_stream(client, late.url, late_samples)
+                late.stop()
+                rows.append((kind, lat, rps, late_samples))
+    finally:
+        for p in procs:
+            p.stop()
+    print_table(rows, base, args)
+
+
+def _has_smg() -> bool:
+    try:
+        import smg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def print_table(rows, base: Samples, args: argparse.Namespace) -> None:
+    ms = 1000.0
+    print(f"\nrate {args.rate:g} req/s for {args.duration:g} s (streamed /generate, 4 tokens); "
+          f"max req/s: closed loop, {args.concurrency} in flight; late prefill: "
+          f"{args.late_ms:g} ms, {args.late_requests} sequential requests")
+    print(f"{'router':<18} {'n':>6} {'err':>4} {'+first p50':>11} {'+first p99':>11} "
+          f"{'+last p50':>10} {'+last p99':>10} {'max req/s':>10} {'late-prefill first p50':>23}")
+    for name, s, rps, late in rows:
+        def added(values: list[float], ref: list[float], q: float) -> str:
+            return f"{(pct(values, q) - pct(ref, q)) * ms:.2f}"
+        late_text = "-" if late is None else (
+            f"{statistics.median(late.first) * ms:.1f} ms" if late.first else "errors")
+        print(f"{name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
+              f"{added(s.first, base.first, 99):>11} {added(s.last, base.last, 50):>10} "
+              f"{added(s.last, base.last, 99):>10} {rps:>10.0f} {late_text:>23}")
+    print(f"(baseline absolute: first p50 {pct(base.first, 50) * ms:.2f} ms, "
+          f"p99 {pct(base.first, 99) * ms:.2f} ms; added = router percentile - baseline's)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=500.0)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--late-ms", type=float, default=500.0)
+    p.add_argument("--late-requests", type=int, default=10)
+    p.add_argument("--routers", nargs="+", default=["ours", "smg"], choices=["ours", "smg"])
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    p.add_argument("--log-dir", default="/tmp/bench_router_overhead")
+    p.add_argument("--serve-stub", type=float, default=None, metavar="FIRST_MS",
+                   help=argparse.SUPPRESS)  # internal: run one stub backend
+    args = p.parse_args()
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(bench(args) if args.serve_stub is None else serve_stub(args.serve_stub))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Our router under faults (issue 17, fault bar): with 2 prefills and 2 decodes behind it, a
+prefill (then a decode) is SIGKILLed while requests are in flight. In-flight requests end with
+the right tokens (retried with a new room) or a clear error, never hang; new requests all
+succeed on the survivors; the router stops routing to the dead worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from pd_utils import (
+    FAST_FAULT_ENV,
+    async_client,
+    kill_server,
+    load,
+    start_mixed,
+    start_pd_router,
+    stop_all,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+# 16-token chunks: a 2000-token prompt keeps a prefill busy for a while, so the kill lands
+# while requests are in flight on both legs
+PREFILL_FLAGS = ("--chunked-prefill-size", "16")
+SAMPLING = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+LONG = {"input_ids": [3 + (j * 7919) % 6000 for j in range(2000)], "sampling_params": SAMPLING}
+SHORT = {"input_ids": [3 + (j * 31) % 500 for j in range(20)], "sampling_params": SAMPLING}
+TIMEOUT_S = float(FAST_FAULT_ENV["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"])
+BOUND_S = 60.0  # every request ends within this (the router's own timeout is 45 s)
+
+
+@pytest.fixture
+def cluster(tiny_model_dir, tmp_path):
+    prefills, decodes = start_mixed(tiny_model_dir, tmp_path, [PREFILL_FLAGS, PREFILL_FLAGS], 2,
+                                    env=FAST_FAULT_ENV)
+    router = None
+    try:
+        router = start_pd_router(prefills, decodes, tmp_path, "--prefill-policy", "round_robin",
+                                 "--decode-policy", "round_robin", "--pool-controller", "off",
+                                 "--health-check-interval-secs", "0.5",
+                                 "--health-failure-threshold", "1",
+                                 "--request-timeout-secs", "45", "--retry-max-retries", "3")
+        yield router, prefills, decodes
+    finally:
+        if router is not None:
+            router.stop()
+        stop_all(prefills, decodes)
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[str, object]:
+    """("ok", output_ids) or ("error", the message); never raises."""
+    try:
+        if not body.get("stream"):
+            r = await client.post(url, json=body)
+            if r.status_code == 200:
+                return "ok", r.json()["output_ids"]
+            return "error", r.json()["error"]["message"]
+        last = None
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                return "error", json.loads(await resp.aread())["error"]["message"]
+            async for line in resp.aiter_lines():
+                if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        return "error", event["error"]["message"]
+                    last = event
+        return "ok", last["output_ids"] if last else None
+    except httpx.HTTPError as e:  # the router itself must not drop connections
+        return "transport", repr(e)
+
+
+def _kill_mid_run(router, victim, busy_url: str, want: list[int]) -> list[tuple[str, object]]:
+    """Send 8 long requests (half streamed), kill ``victim`` once ``busy_url`` holds work, and
+    return every outcome; checks none took longer than BOUND_S."""
+    async def run():
+        async with async_client(timeout=BOUND_S + 30) as client:
+            bodies = [{**LONG, "stream": i % 2 == 1} for i in range(8)]
+            tasks = [asyncio.ensure_future(_one(client, router.base_url + "/generate", b))
+                     for b in bodies]
+            await asyncio.to_thread(wait_until, lambda: load(busy_url)["num_reqs"] > 0, 30,
+                                    "the victim to hold requests")
+            t_kill = time.monotonic()
+            await asyncio.to_thread(kill_server, victim)
+            results = await asyncio.gather(*tasks)
+            return results, time.monotonic() - t_kill
+
+    results, elapsed = asyncio.run(run())
+    print(f"after the kill: {sorted(Counter(k for k, _ in results).items())} in {elapsed:.1f} s")
+    assert elapsed < BOUND_S, elapsed
+    for kind, value in results:
+        assert kind in ("ok", "error"), value
+        if kind == "ok":
+            assert value == want
+        else:  # a clear message, not an empty or internal one
+            assert isinstance(value, str) and len(value) > 10, value
+    return results
+
+
+def _new_requests_succeed(router) -> None:
+    async def run():
+        async with async_client(timeout=BOUND_S) as client:
+            return await asyncio.gather(*(_one(client, router.base_url + "/generate", SHORT)
+                                          for _ in range(6)))
+    assert all(kind == "ok" for kind, _ in asyncio.run(run()))
+
+
+def _reference(router) -> list[int]:
+    r = httpx.post(router.base_url + "/generate", json=LONG, timeout=BOUND_S)
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def _routable(router) -> dict[str, bool]:
+    workers = httpx.get(router.base_url + "/workers", timeout=10).json()["workers"]
+    return {w["url"]: w["routable"] for w in workers}
+
+
+def test_prefill_dies_mid_run(cluster) -> None:
+    router, prefills, decodes = cluster
+    want = _reference(router)
+    victim = prefills[0]
+    results = _kill_mid_run(router, victim.server, victim.base_url, want)
+    assert any(kind == "ok" for kind, _ in results)  # the other prefill's share, and retries
+    wait_until(lambda: not _routable(router)[victim.base_url], 10, "the router to drop it")
+    _new_requests_succeed(router)
+    assert _routable(router)[prefills[1].base_url]
+
+
+def test_decode_dies_mid_run(cluster) -> None:
+    router, prefills, decodes = cluster
+    want = _reference(router)
+    victim = decodes[0]
+    results = _kill_mid_run(router, victim, victim.base_url, want)
+    assert any(kind == "ok" for kind, _ in results)
+    wait_until(lambda: not _routable(router)[victim.base_url], 10, "the router to drop it")
+    _new_requests_succeed(router)
+    # the surviving servers get their pages back
+    for url in (prefills[0].base_url, prefills[1].base_url, decodes[1].base_url):
+        wait_until(lambda u=url: load(u)["num_reqs"] == 0, TIMEOUT_S * 4, f"{url} to go idle")
