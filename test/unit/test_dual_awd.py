@@ -10,7 +10,8 @@ from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher
-from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy, largest_chunk
+from sglang_pd.scheduling.prefill.chunking import largest_chunk
+from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.scheduling.types import PrefillBudget
@@ -96,9 +97,9 @@ def test_deadline_free_mode_dispatches_at_min_tokens() -> None:
 
 def test_largest_chunk_fits_the_time() -> None:
     model = PrefillCostModel.fixed(COEFFS)
-    n = largest_chunk(model, 0.030, 0, 8192)
-    assert model.step_s([(n, 0)]) <= 0.030 < model.step_s([(n + 1, 0)])
-    assert largest_chunk(model, 0.005, 0, 8192) == 0
+    n = largest_chunk(model, 0.030, 0, 8192)  # what it adds to a step: 20 us per token here
+    assert model.marginal_s(n, 0) <= 0.030 < model.marginal_s(n + 1, 0) and 1490 < n <= 1500
+    assert largest_chunk(model, 1e-6, 0, 8192) == 0
 
 
 # ---------------------------------------------------------------------------- dual + scheduler

@@ -204,6 +204,7 @@ class Scheduler:
                 new_req_slots=self.max_running - len(self.running) - len(self.parked) - started,
                 kv=PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
                                  whole_prompt=self.whole_prompt_pages),
+                rider_contexts=[r.kv_len for r in self.running] if self.cfg.enable_mixed_chunk else (),
             )
             plan = list(self.prefill_policy.schedule(self.waiting, now, budget))
             if not plan and budget.hold_deadline is not None and budget.hold_deadline > now:

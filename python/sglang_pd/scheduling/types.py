@@ -66,6 +66,9 @@ class PrefillBudget:
     # set by a policy that chooses to wait (a batching window): with an empty plan the engine
     # sleeps until this time (or the next arrival) instead of treating the empty plan as stuck
     hold_deadline: float | None = None
+    # KV lengths of the decodes that ride along this step (mixed steps, --enable-mixed-chunk):
+    # time-budgeted chunking (Medha) counts their time first
+    rider_contexts: Sequence[int] = ()
 
     def hold_until(self, t: float) -> None:
         """Ask the engine not to run prefill before ``t`` (seconds, the ``now`` clock) unless

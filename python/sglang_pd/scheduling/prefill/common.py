@@ -17,6 +17,9 @@ Definitions every policy here uses (docs/prefill_scheduling.md):
   backfilling past a request the pool cannot take now, or small prompts would keep taking the
   pages it waits for. Requests that would need a new-request slot when none is left are
   skipped (started ones may still continue).
+- Chunk sizes: at most ``chunked_prefill_size`` per request; with a step-time budget
+  (``--prefill-time-budget-ms``, Medha's adaptive chunking, ``chunking.py``) the largest chunk
+  that fits the time left, a request that fits nothing skipped for this step.
 - Bound on preempted prefills (ours): a request that starts and is not finished in this step
   becomes a partly prefilled request holding pages (whole-prompt pages on a PD prefill server).
   No new one starts while ``cfg.prefill_max_partial`` are partly prefilled; requests that
@@ -30,6 +33,7 @@ from typing import Callable, Generic, Sequence
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
+from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
 from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
@@ -94,13 +98,20 @@ class DeadlinePolicy(PrefillPolicy):
         new = req.prefilled_len + req.prefill_remaining - req.cached_len
         return self.model.request_s(new, req.cached_len, self.chunk)
 
+    def rho(self, req: R, now: float) -> float:
+        """Medha §4.1's relative slack: (deadline - now - remaining work) / total work."""
+        return (self.deadline(req) - now - self.work_s(req)) / max(self.total_work_s(req), 1e-9)
+
     def walk(self, q: Queue, order: Sequence[int], budget: PrefillBudget,
-             fits: Callable[[R, int], bool | None] | None = None) -> list[tuple[R, int]]:
-        return walk(q, order, budget, self.max_partial, fits)
+             fits: Callable[[R, int], bool | None] | None = None, now: float = 0.0) -> list[tuple[R, int]]:
+        chunker = TimeBudgetChunker.for_config(self.cfg, self.model, lambda r: self.rho(r, now),
+                                               budget.rider_contexts)
+        return walk(q, order, budget, self.max_partial, fits, chunker)
 
 
 def walk(q: Queue, order: Sequence[int], budget: PrefillBudget, max_partial: int,
-         fits: Callable[[R, int], bool | None] | None = None) -> list[tuple[R, int]]:
+         fits: Callable[[R, int], bool | None] | None = None,
+         chunker: TimeBudgetChunker | None = None) -> list[tuple[R, int]]:
     """Grant ``q.reqs[i] for i in order`` (every waiting request once, in the policy's order)
     front to back under the rules in the module docstring. ``fits(req, n)``, when given, is a
     policy's own constraint, asked right before the grant of ``n`` tokens: True grants, False
@@ -122,15 +133,25 @@ def walk(q: Queue, order: Sequence[int], budget: PrefillBudget, max_partial: int
         else:
             started_left -= 1
         req = reqs[i]
+        cap = None
+        if chunker is not None:  # Medha adaptive chunking: the chunk that fits the time left
+            cap = chunker.size(req, n_want)
+            if cap == 0:
+                continue  # skipped this step (never re-queued in a loop)
+            if fresh and cap < rem and partial >= max_partial:
+                continue
+            n_want = cap
         if fits is not None:
             ok = fits(req, n_want)
             if not ok:
                 if ok is None:
                     break
                 continue
-        n = budget.grant(req)
+        n = budget.grant(req, cap)
         if n == 0:
             break  # KV refusal: no backfilling past it
+        if chunker is not None:
+            chunker.add(req, n)
         plan.append((req, n))
         if fresh and n < rem:
             partial += 1

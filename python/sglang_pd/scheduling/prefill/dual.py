@@ -34,25 +34,11 @@ from typing import Sequence
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PREFILL_ROLES, PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher, AwdDecision
+from sglang_pd.scheduling.prefill.chunking import largest_chunk
 from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R, SchedReq
 
 THRESHOLD_REFRESH_S = 5.0
-
-
-def largest_chunk(model: PrefillCostModel, seconds: float, context: int, cap: int) -> int:
-    """The most new tokens (<= cap) over ``context`` whose step ``model`` predicts within
-    ``seconds`` (0 if not even one token fits). Binary search: step time grows with tokens."""
-    if cap <= 0 or model.step_s([(1, context)]) > seconds:
-        return 0
-    lo, hi = 1, cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if model.step_s([(mid, context)]) <= seconds:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class DualQueuePrefillPolicy(PrefillPolicy):
@@ -134,8 +120,8 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         if long and (long_overdue or not short or self.role == "both"):
             if short and not long_overdue and decision.hold_until is not None:
                 # fill AWD's wait with a long chunk that ends by its dispatch moment
-                fit = largest_chunk(self.model, decision.hold_until - now, long[0].prefilled_len,
-                                    budget.chunk_size)
+                fit = largest_chunk(self.model, decision.hold_until - now - self.model.coeffs.launch_s,
+                                    long[0].prefilled_len, budget.chunk_size)
                 budget.chunk_size = max(min(fit, budget.chunk_size), min(self.min_long_chunk, budget.chunk_size))
             return self._long(long, now, budget)
         if decision.batch:

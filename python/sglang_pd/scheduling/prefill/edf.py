@@ -24,4 +24,4 @@ class EdfPrefillPolicy(DeadlinePolicy):
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        return self.walk(q, sorted(range(len(q)), key=self.deadlines(q).__getitem__), budget)
+        return self.walk(q, sorted(range(len(q)), key=self.deadlines(q).__getitem__), budget, now=now)

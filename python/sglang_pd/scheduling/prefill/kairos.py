@@ -95,4 +95,4 @@ class KairosPrefillPolicy(DeadlinePolicy):
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
         order = sorted(range(len(q)), key=self.urgency(q, now).__getitem__, reverse=True)  # stable
-        return self.walk(q, order, budget)
+        return self.walk(q, order, budget, now=now)

@@ -111,6 +111,6 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
                 spare[:] = [min(spare[0], room[req])] if spare else [room[req]]
             return True
 
-        plan = self.walk(q, order, budget, fits if room else None)
+        plan = self.walk(q, order, budget, fits if room else None, now=now)
         self._urgent = {r for r in room if r in self._urgent} | {r for r, _ in plan if r in room}
         return plan

@@ -30,9 +30,6 @@ from sglang_pd.scheduling.types import PrefillBudget, R
 class LarsPrefillPolicy(DeadlinePolicy):
     name = "lars"
 
-    def rho(self, req: R, now: float) -> float:
-        return (self.deadline(req) - now - self.work_s(req)) / max(self.total_work_s(req), 1e-9)
-
     def rhos(self, q: Queue, now: float) -> list[float]:
         works = self.works(q)
         out = []
@@ -44,4 +41,4 @@ class LarsPrefillPolicy(DeadlinePolicy):
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        return self.walk(q, sorted(range(len(q)), key=self.rhos(q, now).__getitem__), budget)
+        return self.walk(q, sorted(range(len(q)), key=self.rhos(q, now).__getitem__), budget, now=now)

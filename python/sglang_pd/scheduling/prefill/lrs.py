@@ -25,4 +25,4 @@ class LrsPrefillPolicy(DeadlinePolicy):
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
         key = [d - w for d, w in zip(self.deadlines(q), self.works(q))]  # slack + now
-        return self.walk(q, sorted(range(len(q)), key=key.__getitem__), budget)
+        return self.walk(q, sorted(range(len(q)), key=key.__getitem__), budget, now=now)
