@@ -298,3 +298,17 @@ def test_kairos_plus_rescue_is_sticky() -> None:
     rival = FakeReq("r", 0.2, 100, slo_ttft_s=0.1)  # urgent too, with less laxity
     plan = pol.schedule([long, rival], 0.2, _budget(tokens=200, chunk=200))
     assert _plan(plan)[0] == ("L", 200)  # the rescue in progress goes on
+
+
+@pytest.mark.parametrize("name", ["kairos", "kairos+", "lars", "edf", "lrs", "sjf"])
+def test_prefix_hits_are_context_not_a_started_prefill(name: str) -> None:
+    """A request whose only KV is its prefix-cache hit has not started: it needs a new-request
+    slot and counts against no partial-prefill bound (else every cache hit looks half done)."""
+    policy = create_prefill_policy(name, PolicyConfig(prefill_max_partial=1, chunked_prefill_size=64))
+    hit = FakeReq("hit", 0.0, 300, prefilled_len=200, cached_len=200, slo_ttft_s=1.0)
+    no_slot = PrefillBudget(4096, 64, 0, CountingKV(10**6))
+    assert policy.schedule([hit], 1.0, no_slot) == []
+    # two cache hits, both longer than a chunk: only one may start (max_partial = 1)
+    other = FakeReq("other", 0.0, 300, prefilled_len=200, cached_len=200, slo_ttft_s=1.0)
+    plan = policy.schedule([hit, other], 1.0, PrefillBudget(4096, 64, 8, CountingKV(10**6)))
+    assert len(plan) == 1 and plan[0][1] == 64

@@ -246,7 +246,8 @@ class Scheduler:
         partial prefills give their pages back first (they have produced nothing yet), then
         the newest running requests are retracted."""
         batch = list(batch)
-        needs = [r for r in batch if self._needs_page(r)]
+        ps = self.page_size  # _needs_page inlined: this runs for every request every decode step
+        needs = [r for r in batch if r.kv_len >= len(r.pages) * ps]
         while len(needs) > self.allocator.num_free:
             partial = self._newest_partial_prefill()
             if partial is not None:

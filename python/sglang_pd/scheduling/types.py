@@ -79,7 +79,7 @@ class PrefillBudget:
         """Give ``req`` as many tokens as the budget allows (0 = none); record the grant."""
         want = req.prefill_remaining if max_tokens is None else min(max_tokens, req.prefill_remaining)
         n = min(want, self.token_budget, self.chunk_size)
-        starting = req.prefilled_len == 0
+        starting = req.prefilled_len <= req.cached_len  # prefix hits are not a start
         if n <= 0 or (starting and self.new_req_slots <= 0) or not self.kv.can_admit(req, n):
             return 0
         self.kv.admit(req, n)

@@ -43,12 +43,14 @@ class Queue(Generic[R]):
     (``SchedReq`` lengths are properties: reading them is most of a decision's cost, so
     ``prefill_remaining`` of every request is read only by policies that sort on it)."""
 
-    __slots__ = ("reqs", "pre", "n_started", "_rem")
+    __slots__ = ("reqs", "pre", "fresh", "n_started", "_rem")
 
     def __init__(self, waiting: Sequence[R]) -> None:
         self.reqs = waiting
         self.pre = [r.prefilled_len for r in waiting]
-        self.n_started = len(self.pre) - self.pre.count(0)  # partly prefilled (holding pages)
+        # not started: no KV of its own yet (prefix-cache hits count as context, not as started)
+        self.fresh = [p <= r.cached_len for p, r in zip(self.pre, waiting)]
+        self.n_started = len(self.fresh) - sum(self.fresh)  # partly prefilled (holding pages)
         self._rem: list[int] | None = None
 
     @property
@@ -117,11 +119,11 @@ def walk(q: Queue, order: Sequence[int], budget: PrefillBudget, max_partial: int
     policy's own constraint, asked right before the grant of ``n`` tokens: True grants, False
     skips the request, None ends the walk (nothing later can fit)."""
     plan: list[tuple[R, int]] = []
-    reqs, rems, pres = q.reqs, q._rem, q.pre
+    reqs, rems, fresh_of = q.reqs, q._rem, q.fresh
     partial = started_left = q.n_started
     for i in order:
         rem = rems[i] if rems is not None else reqs[i].prefill_remaining
-        fresh = pres[i] == 0
+        fresh = fresh_of[i]
         n_want = min(rem, budget.token_budget, budget.chunk_size)
         if fresh:
             if budget.new_req_slots <= 0:

@@ -132,7 +132,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
 
     @staticmethod
     def _slots(budget: PrefillBudget, short: Sequence[R]) -> int:
-        started = sum(1 for r in short if r.prefilled_len > 0)
+        started = sum(1 for r in short if r.prefilled_len > r.cached_len)
         return budget.new_req_slots + started
 
     def _grant_all(self, reqs: Sequence[R], budget: PrefillBudget) -> list[tuple[R, int]]:
@@ -140,7 +140,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         for r in reqs:
             n = budget.grant(r)
             if n == 0:
-                if r.prefilled_len == 0 and budget.new_req_slots <= 0:
+                if r.prefilled_len <= r.cached_len and budget.new_req_slots <= 0:
                     continue  # no slot for a new one; started ones may still go
                 break  # KV refusal: no backfilling past it
             plan.append((r, n))

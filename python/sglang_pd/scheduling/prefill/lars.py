@@ -35,7 +35,7 @@ class LarsPrefillPolicy(DeadlinePolicy):
         out = []
         for i, (d, w) in enumerate(zip(self.deadlines(q), works)):
             # a fresh request's total work is its remaining work (no KV in the pool yet)
-            total = w if q.pre[i] == 0 else self.total_work_s(q.reqs[i])
+            total = w if q.fresh[i] else self.total_work_s(q.reqs[i])
             out.append((d - now - w) / max(total, 1e-9))
         return out
 
