@@ -143,3 +143,23 @@ def test_reprefill_boundary_is_where_compute_meets_memory() -> None:
     mem = c.g_w * lm + c.g_r * h
     assert comp == pytest.approx(mem)
     assert PrefillCostModel.fixed(PrefillCoeffs(a=1e-9)).boundary_tokens() is None  # split unknown
+
+
+def test_unequal_batches_fit_exactly_with_the_steps_attention_sum() -> None:
+    """A long chunk batched with short prompts: the step's own sum L_i(L_i + 2H_i) recovers the
+    attention coefficient; equal shares of the sums would not."""
+    rng = random.Random(3)
+    truth = PrefillCostModel.fixed(TRUE)
+    exact = PrefillCostModel(PRIOR, prior_weight=1e-6, min_samples=8)
+    shares = PrefillCostModel(PRIOR, prior_weight=1e-6, min_samples=8)
+    for _ in range(200):
+        chunks = [(rng.randint(1024, 8192), rng.randint(0, 16384))]
+        chunks += [(rng.randint(8, 64), 0) for _ in range(rng.randint(0, 7))]
+        t = truth.step_s(chunks)
+        new, ctx = sum(l for l, _ in chunks), sum(h for _, h in chunks)
+        attn = sum(l * (l + 2 * h) for l, h in chunks)
+        shape = StepShape(len(chunks), new)
+        exact.observe(StepProfile(ForwardMode.EXTEND, len(chunks), new, ctx, 0, shape, t, t, 0, attn), t, 0.0)
+        shares.observe(StepProfile(ForwardMode.EXTEND, len(chunks), new, ctx, 0, shape, t, t), t, 0.0)
+    assert exact.coeffs.a == pytest.approx(TRUE.a, rel=1e-3)
+    assert abs(shares.coeffs.a / TRUE.a - 1) > 0.05

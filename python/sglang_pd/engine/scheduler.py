@@ -59,9 +59,10 @@ class ScheduledStep:
     def profile(self, total_s: float = 0.0, forward_s: float = 0.0) -> StepProfile:
         """What the step held, KV lengths read before the step advanced them."""
         contexts = [r.kv_len for r, _ in self.plan]
+        attn = sum(n * (n + 2 * h) for (_, n), h in zip(self.plan, contexts))
         return StepProfile(self.mode, len(self.plan), self.shape.num_tokens, sum(contexts),
                            max(contexts) if contexts else 0, self.shape, total_s, forward_s,
-                           self.num_decode)
+                           self.num_decode, attn)
 
 
 class PageAdmission:

@@ -36,10 +36,10 @@ hold the fit at the wrong scale. Coefficients are kept non-negative (exact NNLS 
 supports when the free solution has a negative one). Before ``min_samples`` live samples the
 prior is used as it is.
 
-Deviation (named): ``StepProfile`` carries the step's sums (B, sum L, sum H), not each request's
-(L_i, H_i), so sum L_i(L_i + 2H_i) of a batched step is taken with equal shares,
-(L^2 + 2LH)/B: exact for B = 1 and for equal requests, low for a long chunk batched with short
-prompts. A per-step ``sum L_i(L_i+2H_i)`` field in ``StepProfile`` would make it exact.
+The attention feature sum L_i(L_i + 2H_i) is exact: ``StepProfile.attn_tokens2`` carries it per
+step (the engine's and the simulator's steps). Only a step without it (a profile from an
+older writer) falls back to equal shares, (L^2 + 2LH)/B: exact for B = 1 and for equal
+requests, low for a long chunk batched with short prompts.
 """
 
 from __future__ import annotations
@@ -242,7 +242,8 @@ class PrefillCostModel:
         """Learn from a finished step (only pure prefill steps: EXTEND)."""
         if step.mode is not ForwardMode.EXTEND or step.new_tokens <= 0:
             return
-        self.add_sample(PrefillPoint(step.batch_size, step.new_tokens, step.context_tokens, elapsed_s))
+        self.add_sample(PrefillPoint(step.batch_size, step.new_tokens, step.context_tokens, elapsed_s,
+                                     step.attn_tokens2))
 
     def add_sample(self, p: PrefillPoint) -> None:
         if not self.learn or not (p.seconds > 0 and math.isfinite(p.seconds)):

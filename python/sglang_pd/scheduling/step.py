@@ -91,6 +91,7 @@ class StepProfile:
     total_s: float = 0.0  # schedule + batch building + forward + sampling + output hand-off
     forward_s: float = 0.0  # the model forward alone
     num_decode: int = 0  # decode requests inside the step (a mixed step has both kinds)
+    attn_tokens2: int | None = None  # sum L_i (L_i + 2 H_i) over the step's requests (None: unknown)
 
     @property
     def overhead_s(self) -> float:
