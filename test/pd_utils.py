@@ -297,18 +297,18 @@ class RouterHandle:
                 self.proc.wait(10)
 
 
-def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,
-                 *extra: str, ready_timeout: float = 60.0) -> RouterHandle:
-    """SGLang's router (package sglang-router) in PD mode in front of our servers; returns once
-    its /readiness reports every worker healthy."""
+def _launch_router(module: str, prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,
+                   extra: tuple[str, ...], log_level: str, ready_path: str, ready_timeout: float) -> RouterHandle:
+    """Start a PD router (``python -m module``) in front of the servers; return once
+    ``ready_path`` reports every worker healthy."""
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn", *extra]
+    cmd = [sys.executable, "-m", module, "--pd-disaggregation",
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", log_level, *extra]
     for p in prefills:
         cmd += ["--prefill", p.base_url, str(p.bootstrap_port)]
     for d in decodes:
         cmd += ["--decode", d.base_url]
-    log_path = log_dir / f"router_{port}.log"
+    log_path = log_dir / f"{module.split('.')[0]}_{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     router = RouterHandle(f"http://127.0.0.1:{port}", proc, log_path)
@@ -318,7 +318,7 @@ def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: 
         if proc.poll() is not None:
             raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log()[-4000:]}")
         try:
-            r = httpx.get(router.base_url + "/readiness", timeout=2.0)
+            r = httpx.get(router.base_url + ready_path, timeout=2.0)
             if r.status_code == 200 and r.json().get("healthy_workers") == want:
                 return router
         except (httpx.HTTPError, ValueError):
@@ -326,6 +326,13 @@ def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: 
         time.sleep(0.2)
     router.stop()
     raise TimeoutError(f"router not ready after {ready_timeout}s:\n{router.log()[-4000:]}")
+
+
+def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,
+                 *extra: str, ready_timeout: float = 60.0) -> RouterHandle:
+    """SGLang's router (package sglang-router) in PD mode in front of our servers."""
+    return _launch_router("sglang_router.launch_router", prefills, decodes, log_dir, extra, "warn",
+                          "/readiness", ready_timeout)
 
 
 def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ...]], n_decode: int,
@@ -353,33 +360,20 @@ def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ..
 
 def start_pd_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,
                     *extra: str, ready_timeout: float = 60.0) -> RouterHandle:
-    """Our router (``python -m sglang_pd_router``) in front of the servers; returns once its
-    /health counts every worker healthy."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation",
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "info", *extra]
-    for p in prefills:
-        cmd += ["--prefill", p.base_url, str(p.bootstrap_port)]
-    for d in decodes:
-        cmd += ["--decode", d.base_url]
-    log_path = log_dir / f"pd_router_{port}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    router = RouterHandle(f"http://127.0.0.1:{port}", proc, log_path)
-    want = len(prefills) + len(decodes)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log()[-4000:]}")
-        try:
-            r = httpx.get(router.base_url + "/health", timeout=2.0)
-            if r.status_code == 200 and r.json().get("healthy_workers") == want:
-                return router
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.2)
-    router.stop()
-    raise TimeoutError(f"router not ready after {ready_timeout}s:\n{router.log()[-4000:]}")
+    """Our router (``python -m sglang_pd_router``) in front of the servers."""
+    return _launch_router("sglang_pd_router", prefills, decodes, log_dir, extra, "info", "/health",
+                          ready_timeout)
+
+
+async def read_sse_events(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[dict]:
+    """POST ``body`` and return the JSON events of the SSE answer (200 asserted, [DONE] dropped)."""
+    events = []
+    async with client.stream("POST", url, json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                events.append(json.loads(line[5:]))
+    return events
 
 
 def metric_value(base_url: str, name: str, **labels: str) -> float:

@@ -5,12 +5,12 @@ and short prompts reach only the short instance (its ``sglang:num_requests_total
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
 from pd_utils import (
     async_client,
+    read_sse_events,
     load,
     metric_value,
     start_mixed,
@@ -51,16 +51,6 @@ def routed(tiny_model_dir, tmp_path_factory):
         stop_all(prefills, decodes)
 
 
-async def _sse(client: httpx.AsyncClient, url: str, body: dict) -> list[dict]:
-    events = []
-    async with client.stream("POST", url, json=body) as resp:
-        assert resp.status_code == 200, await resp.aread()
-        async for line in resp.aiter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                events.append(json.loads(line[5:]))
-    return events
-
-
 def test_outputs_equal_colocated_and_short_prompts_stay_in_the_short_pool(routed,
                                                                          colocated_server) -> None:
     router, (short_p, long_p), (decode,) = routed
@@ -78,17 +68,17 @@ def test_outputs_equal_colocated_and_short_prompts_stay_in_the_short_pool(routed
             ref, via = colocated_server.base_url, router.base_url
             want = await asyncio.gather(*(client.post(ref + "/generate", json=b) for b in bodies))
             got = await asyncio.gather(*(client.post(via + "/generate", json=b) for b in bodies))
-            streamed = await asyncio.gather(*(_sse(client, via + "/generate", {**b, "stream": True})
+            streamed = await asyncio.gather(*(read_sse_events(client, via + "/generate", {**b, "stream": True})
                                               for b in bodies))
             comp = {**COMPLETION, "model": model}
             chat = {**CHAT, "model": model}
             oa = await asyncio.gather(
                 client.post(ref + "/v1/completions", json=comp),
                 client.post(via + "/v1/completions", json=comp),
-                _sse(client, via + "/v1/completions", {**comp, "stream": True}),
+                read_sse_events(client, via + "/v1/completions", {**comp, "stream": True}),
                 client.post(ref + "/v1/chat/completions", json=chat),
                 client.post(via + "/v1/chat/completions", json=chat),
-                _sse(client, via + "/v1/chat/completions", {**chat, "stream": True}))
+                read_sse_events(client, via + "/v1/chat/completions", {**chat, "stream": True}))
             return want, got, streamed, oa
 
     want, got, streamed, oa = asyncio.run(run())

@@ -9,7 +9,6 @@ bootstrap_host / bootstrap_port / bootstrap_room added (docs/disaggregation.md, 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
@@ -17,7 +16,8 @@ import pytest
 pytest.importorskip("sglang_router", reason="sglang-router is not installed "
                     "(pip install sglang-router; it is in the 'test' extra)")
 
-from pd_utils import async_client, load, start_all, start_router, stop_all, wait_free_pages
+from pd_utils import (async_client, load, read_sse_events, start_all, start_router, stop_all,
+                      wait_free_pages)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,16 +49,6 @@ def _model(base_url: str) -> str:
     return httpx.get(base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
 
-async def _sse(client: httpx.AsyncClient, url: str, body: dict) -> list[dict]:
-    events = []
-    async with client.stream("POST", url, json=body) as resp:
-        assert resp.status_code == 200, await resp.aread()
-        async for line in resp.aiter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                events.append(json.loads(line[5:]))
-    return events
-
-
 def test_generate_through_router(routed, colocated_server) -> None:
     router, servers = routed
     initial = {url: load(url)["num_total_pages"] for url in servers}
@@ -68,7 +58,7 @@ def test_generate_through_router(routed, colocated_server) -> None:
             ref_url, url = colocated_server.base_url + "/generate", router.base_url + "/generate"
             ref = await asyncio.gather(*(client.post(ref_url, json=b) for b in GENERATE_BODIES))
             plain = await asyncio.gather(*(client.post(url, json=b) for b in GENERATE_BODIES))
-            streamed = await asyncio.gather(*(_sse(client, url, {**b, "stream": True})
+            streamed = await asyncio.gather(*(read_sse_events(client, url, {**b, "stream": True})
                                               for b in GENERATE_BODIES[:2]))
             return ref, plain, streamed
 
@@ -98,7 +88,7 @@ def test_completions_through_router(routed, colocated_server) -> None:
         async with async_client() as client:
             ref = await client.post(colocated_server.base_url + "/v1/completions", json=body)
             plain = await client.post(router.base_url + "/v1/completions", json=body)
-            events = await _sse(client, router.base_url + "/v1/completions",
+            events = await read_sse_events(client, router.base_url + "/v1/completions",
                                 {**body, "stream": True})
             return ref, plain, events
 
