@@ -40,4 +40,7 @@ OUR_FIELDS = [
     "goodput_rps",
     "errors",
     "by_class",
+    "mean_decode_tps",
+    "median_decode_tps",
+    "p90_decode_tps",
 ]

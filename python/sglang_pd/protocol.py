@@ -147,6 +147,14 @@ class ReqOutput(msgspec.Struct, omit_defaults=True):
     error_status: int = 0  # HTTP status for engine-side rejections (400, 503 ...); 0 = none
 
 
+class StepSamples(msgspec.Struct, array_like=True):
+    """Per-step samples from ``EngineCore.step_profiles`` (same length lists)."""
+
+    modes: list[str] = []  # extend | decode | mixed
+    batch_sizes: list[int] = []
+    seconds: list[float] = []  # StepProfile.total_s
+
+
 class EngineStats(msgspec.Struct):
     num_running_reqs: int
     num_queue_reqs: int
@@ -182,6 +190,9 @@ class EngineStats(msgspec.Struct):
     slo_ttft_deviation_short: float = 0.0  # mean (TTFT - SLO) / SLO over recent first tokens
     slo_ttft_deviation_long: float = 0.0
     busy_fraction: float = 0.0  # share of the last 10 s the engine spent stepping
+    # the engine steps since the previous stats message, for /metrics histograms (issue 21);
+    # None where no samples are taken (/get_load): one entry per step in each list
+    step_samples: StepSamples | None = None
 
 
 class BatchOut(msgspec.Struct, tag="batch_out"):

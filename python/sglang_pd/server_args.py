@@ -63,7 +63,9 @@ class ServerArgs:
     max_queued_requests: int = 4096
     schedule_policy: str = "fcfs"  # the prefill policy (--prefill-policy is an alias)
     decode_policy: str = "continuous"
-    attention_backend: str = "torch"
+    attention_backend: str = "torch"  # torch | triton | flashinfer | auto (engine/attention)
+    cuda_graph_max_bs: int = 160  # decode CUDA graphs for batches up to this (engine/cuda_graph.py)
+    disable_cuda_graph: bool = False  # CUDA graphs run only on --device cuda with triton attention
     enable_mixed_chunk: bool = False  # prefill chunks and decodes in one forward
     short_prefill_buckets: str = str(BucketGrid())  # "T1,T2,...xB1,B2,..." padded step shapes
     # SLO defaults for requests that carry none (bench_serving's flag names)
@@ -88,6 +90,8 @@ class ServerArgs:
     awd_t_max_ms: float = 100.0
     awd_rate_floor: float = 1.0
     awd_min_batch_tokens: int = 1024
+    # release streamed tokens ahead of the TPOT SLO at its pace (frontend/token_pacing.py)
+    token_pacing: bool = False
     # /health turns 503 when the engine made no progress with work pending this long (seconds)
     watchdog_timeout: float = 300.0
     random_seed: int = 0
@@ -124,6 +128,8 @@ class ServerArgs:
             value = getattr(self, name)
             if value is not None and not value > 0:  # NaN fails too
                 problems.append(f"--{name.replace('_', '-')} must be a positive number of ms, got {value}")
+        if self.cuda_graph_max_bs < 1:
+            problems.append(f"--cuda-graph-max-bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not self.watchdog_timeout > 0:
             problems.append(f"--watchdog-timeout must be > 0 seconds, got {self.watchdog_timeout}")
         try:
@@ -235,7 +241,11 @@ class ServerArgs:
         p("--schedule-policy", "--prefill-policy", dest="schedule_policy", default=d.schedule_policy,
           choices=sorted(PREFILL_POLICIES), help="prefill scheduling policy")
         p("--decode-policy", default=d.decode_policy, choices=sorted(DECODE_POLICIES))
-        p("--attention-backend", default=d.attention_backend, choices=sorted(ATTENTION_BACKENDS))
+        p("--attention-backend", default=d.attention_backend, choices=sorted(ATTENTION_BACKENDS),
+          help="auto: flashinfer on CUDA if importable, else triton; torch on CPU")
+        p("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
+          help="largest decode batch captured in a CUDA graph (CUDA only)")
+        p("--disable-cuda-graph", action="store_true", help="run every step eagerly on CUDA")
         p("--enable-mixed-chunk", action="store_true",
           help="run prefill chunks and decodes of running requests in one forward")
         p("--short-prefill-buckets", default=d.short_prefill_buckets,
@@ -270,6 +280,8 @@ class ServerArgs:
                 ("awd-rate-floor", float, "AWD: arrival-rate floor eps (req/s)"),
                 ("awd-min-batch-tokens", int, "AWD: deadline-free dispatch at this many tokens (M_s)")):
             p(f"--{name}", type=kind, default=getattr(d, name.replace("-", "_")), help=help_text)
+        p("--token-pacing", action="store_true",
+          help="stream tokens that run ahead of a request's TPOT SLO at the SLO pace (off: as made)")
         p("--watchdog-timeout", type=float, default=d.watchdog_timeout,
           help="seconds without engine progress, with work pending, before /health fails")
         p("--random-seed", type=int, default=d.random_seed)

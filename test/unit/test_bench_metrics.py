@@ -173,3 +173,14 @@ def test_timeseries_bins():
     assert ts["t_s"] == [0.0, 1.0]
     assert ts["out_tok_per_s"] == [2.0, 2.0]
     assert ts["req_per_s"] == [0.0, 1.0]
+
+
+def test_per_request_decode_speed(results):
+    """1 / TPOT per request (tok/s): 40 tok/s and 20 tok/s; one-token and failed ones have none."""
+    s = summarize(results, 2.0, SLO)
+    assert s.decode_tps.count == 2
+    assert s.decode_tps.median == pytest.approx(30.0)
+    assert s.decode_tps.max == pytest.approx(40.0)
+    from sglang_pd.bench.report import summary_fields
+    f = summary_fields(s)
+    assert f["median_decode_tps"] == pytest.approx(30.0) and f["p90_decode_tps"] == pytest.approx(38.0)

@@ -43,3 +43,20 @@ def test_new_engine_stats_fields_are_exported() -> None:
 def test_registries_are_per_instance() -> None:
     FrontendMetrics("a")
     FrontendMetrics("a")  # a global registry would raise "Duplicated timeseries"
+
+
+def test_step_samples_become_histograms_not_gauges() -> None:
+    """Issue 21: per-step batch sizes and times (EngineStats.step_samples) are histograms by mode."""
+    from sglang_pd.frontend.metrics import FrontendMetrics
+    from sglang_pd.protocol import EngineStats, StepSamples
+    m = FrontendMetrics("m")
+    stats = EngineStats(1, 0, 0.1, 5.0, 10, 100,
+                        step_samples=StepSamples(["decode", "decode", "extend"], [3, 40, 1], [0.004, 0.02, 0.3]))
+    m.update_engine_stats(stats)
+    m.update_engine_stats(EngineStats(1, 0, 0.1, 5.0, 10, 100))  # no samples: nothing observed
+    text = m.render().decode()
+    assert 'sglang:engine_step_batch_size_count{mode="decode",model_name="m"} 2.0' in text
+    assert 'sglang:engine_step_batch_size_sum{mode="decode",model_name="m"} 43.0' in text
+    assert 'sglang:engine_step_seconds_bucket{le="0.005",mode="decode",model_name="m"} 1.0' in text
+    assert 'sglang:engine_step_seconds_count{mode="extend",model_name="m"} 1.0' in text
+    assert "sglang:step_samples" not in text

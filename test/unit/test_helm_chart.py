@@ -330,7 +330,7 @@ def test_pools_get_their_roles_and_overrides() -> None:
     assert flag_values(decode, "--max-running-requests") == ["512"]
     for prefill_only in ("--prefill-role", "--prefill-queues", "--disaggregation-bootstrap-port"):
         assert prefill_only not in decode
-    assert flag_values(decode, "--decode-policy") == ["continuous"]
+    assert flag_values(decode, "--decode-policy") == ["slack"]
     # RDMA: devices requested, IPC_LOCK granted, UCX pointed at the HCA
     sts = by_kind(objs, "StatefulSet")[0]
     server = container(sts, "server")

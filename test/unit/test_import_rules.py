@@ -69,7 +69,7 @@ TORCH_FREE_MECHANISM = ("torch", "zmq", "sglang_pd.models", "sglang_pd.disaggreg
 
 def test_scheduler_and_allocator_are_torch_free() -> None:
     """The simulator drives the very same Scheduler: it may not pull torch or the runtime."""
-    for name in ("scheduler.py", "page_allocator.py"):
+    for name in ("scheduler.py", "page_allocator.py", "pd_rules.py"):
         assert _violations(PKG / "engine" / name, TORCH_FREE_MECHANISM) == []
 
 
@@ -99,3 +99,41 @@ def test_from_package_import_module_form_is_caught(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("from sglang_pd import engine\n")
     assert "sglang_pd.engine" in _imports(bad)
+
+
+GPU_LIBS = ("triton", "flashinfer", "sgl_pd_kernel.triton_attention",
+            "sglang_pd.engine.attention.triton_backend", "sglang_pd.engine.attention.flashinfer_backend")
+# the only modules allowed to import those at import time: each is itself imported lazily
+GPU_MODULES = {"python/sglang_pd/engine/attention/triton_backend.py",
+               "python/sglang_pd/engine/attention/flashinfer_backend.py",
+               "sgl-kernel/sgl_pd_kernel/triton_attention.py",
+               "sgl-kernel/bench_attention.py"}  # a GPU script, never imported
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Imports that run when the module is imported (module body, if/try blocks included)."""
+    names: set[str] = set()
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo.extend(node.body + node.orelse + getattr(node, "finalbody", [])
+                        + [s for h in getattr(node, "handlers", []) for s in h.body])
+    return names
+
+
+def test_gpu_libraries_load_only_inside_backend_factories() -> None:
+    bad = []
+    for path in [*PKG.rglob("*.py"), *(ROOT / "sgl-kernel").rglob("*.py")]:
+        rel = str(path.relative_to(ROOT))
+        if rel in GPU_MODULES:
+            continue
+        for name in _top_level_imports(path):
+            if any(name == f or name.startswith(f + ".") for f in GPU_LIBS):
+                bad.append(f"{rel} imports {name} at import time")
+    assert bad == []

@@ -10,6 +10,8 @@ Definitions (all latencies in ms in the outputs, seconds in :class:`RequestResul
   TTFT is met when TTFT <= SLO; TPOT when TPOT <= SLO, or output_len <= 1 (no TPOT exists).
   Joint attainment needs every SLO that was given. With no SLO given these are None.
 - Goodput: requests meeting every given SLO per second of benchmark duration.
+- Per-request decode speed (tok/s): 1 / TPOT of each successful request with output_len > 1;
+  ``decode_tps`` summarises it (mean, median, p90 ... in tokens/s).
 - Percentiles interpolate linearly between order statistics (numpy's default); std is the
   population standard deviation; empty populations give 0.0 (as SGLang reports them).
 """
@@ -74,6 +76,9 @@ class Summary:
     slo_attainment: float | None
     goodput_rps: float | None
     errors: dict[str, int] = field(default_factory=dict)
+    # per-request decode speed, tokens/s: (output_len - 1) / (E2E - TTFT) = 1 / TPOT, for
+    # successful requests with output_len > 1 (a distribution summary in tok/s, not ms)
+    decode_tps: LatencyStats = field(default_factory=LatencyStats)
 
 
 @dataclass
@@ -169,6 +174,7 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SloSpec)
         slo_attainment=frac(both, slo.any),
         goodput_rps=rate(both) if slo.any else None,
         errors=dict(sorted(Counter(r.error_kind for r in results if not r.success).items())),
+        decode_tps=latency_stats([1.0 / r.tpot_s for r in ok if r.tpot_s]),
     )
 
 

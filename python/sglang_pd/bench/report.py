@@ -69,6 +69,8 @@ def format_summary(m: BenchMetrics, info: dict[str, Any]) -> str:
     for title, name, st in sections:
         out.append(_rule(title))
         out.extend(_stat_lines(name, st))
+    out.append(_line("Median per-request decode (tok/s):", _num(o.decode_tps.median)))
+    out.append(_line("P90 per-request decode (tok/s):", _num(o.decode_tps.p90)))
     out.append(_rule("SLO Attainment"))
     out.append(_line("TTFT SLO (ms):", _num(m.slo.ttft_ms, 1)))
     out.append(_line("TPOT SLO (ms):", _num(m.slo.tpot_ms, 1)))
@@ -148,6 +150,8 @@ def summary_fields(s: Summary) -> dict[str, Any]:
         goodput_rps=s.goodput_rps,
         errors=s.errors,
     )
+    for k in ("mean", "median", "p90", "p99"):  # per-request decode speed, tok/s
+        d[f"{k}_decode_tps"] = getattr(s.decode_tps, k)
     return d
 
 

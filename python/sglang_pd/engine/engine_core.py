@@ -6,6 +6,7 @@ both drive this one object, so there is exactly one serving code path.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -14,6 +15,7 @@ from typing import Callable
 import torch
 
 from sglang_pd.engine.attention import create_attention_backend
+from sglang_pd.engine.cuda_graph import graph_reserve_bytes
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
@@ -22,13 +24,14 @@ from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
+from sglang_pd.engine.pd_rules import whole_prompt_pages
 from sglang_pd.engine.request import Req, ReqState
 from sglang_pd.engine.sampler import sample
 from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import (
-    EngineReady, EngineStats, GenerateReq, ReqOutput, TokenLogprob,
+    EngineReady, EngineStats, GenerateReq, ReqOutput, StepSamples, TokenLogprob,
 )
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
@@ -61,22 +64,26 @@ class EngineCore:
         dtype = next(self.model.parameters()).dtype
         self.context_length = args.context_length or cfg.max_position_embeddings
         self.vocab_size = cfg.vocab_size
+        graph_bs = 0 if args.disable_cuda_graph or not args.device.startswith("cuda") else args.cuda_graph_max_bs
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
             device=args.device, page_size=args.page_size,
             bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype),
+            reserved_bytes=graph_reserve_bytes(graph_bs) if graph_bs else 0,  # graphs before the pool
         )
         self.kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim,
                               dtype, args.device)
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
-        self.runner = ModelRunner(self.model, self.kv_pool, create_attention_backend(args.attention_backend))
+        self.runner = ModelRunner(self.model, self.kv_pool,
+                                  create_attention_backend(args.attention_backend, args.device),
+                                  cuda_graph_max_bs=graph_bs)
         self.page_size = args.page_size
         self.policy_config = cfg_p = args.policy_config()
         self.scheduler = Scheduler(
             self.allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
             create_decode_policy(args.decode_policy, cfg_p),
-            whole_prompt_pages=args.disaggregation_mode == "prefill",
+            whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # engine/pd_rules.py
         )
         self.eos_ids = list(cfg.eos_token_ids)
         self.stop_checker = StopChecker(
@@ -85,6 +92,8 @@ class EngineCore:
         self.outbox: list[ReqOutput] = []
         self._generated: deque[tuple[float, int]] = deque()
         self.step_profiles: deque[StepProfile] = deque(maxlen=PROFILE_STEPS_KEPT)
+        self._steps_recorded = 0  # step profiles appended, ever
+        self._steps_sampled = 0  # of them, handed out as stats samples (take_step_samples)
         self.loads = LoadTracker()
         self._forward_s = 0.0
         self._flushed_early = False
@@ -211,6 +220,7 @@ class EngineCore:
         if profile is not None:
             profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_s
             self.step_profiles.append(profile)
+            self._steps_recorded += 1
             self.loads.step(self.clock(), profile.total_s)
             self.scheduler.observe(profile, profile.total_s, self.clock())
         return outputs
@@ -330,7 +340,18 @@ class EngineCore:
         return out
 
     # ------------------------------------------------------------------ introspection
-    def stats(self) -> EngineStats:
+    def take_step_samples(self) -> StepSamples:
+        """The steps recorded since the last call (at most the ``PROFILE_STEPS_KEPT`` newest),
+        for the /metrics histograms (mode, batch size, seconds)."""
+        n = min(self._steps_recorded - self._steps_sampled, len(self.step_profiles))
+        self._steps_sampled = self._steps_recorded
+        steps = list(itertools.islice(reversed(self.step_profiles), n))[::-1]
+        return StepSamples([p.mode.value for p in steps], [p.batch_size for p in steps],
+                           [p.total_s for p in steps])
+
+    def stats(self, step_samples: bool = False) -> EngineStats:
+        """Load signals; ``step_samples``: also the steps since the last such call (only the
+        engine loop's periodic stats message asks, so /get_load never consumes them)."""
         now = self.clock()
         while self._generated and self._generated[0][0] < now - THROUGHPUT_WINDOW_S:
             self._generated.popleft()
@@ -351,6 +372,7 @@ class EngineCore:
             role=self.pd.role,
             **self.pd.stats(),
             **self._class_stats(now),
+            step_samples=self.take_step_samples() if step_samples else None,
         )
 
     def _class_stats(self, now: float) -> dict[str, str | int | float]:

@@ -86,7 +86,7 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
         now = time.monotonic()
         stats = None
         if now - last_stats >= STATS_INTERVAL_S or outputs:
-            stats = core.stats()
+            stats = core.stats(step_samples=True)  # per-step samples for /metrics histograms
             last_stats = now
         if outputs or stats is not None:
             outbox.send(encode(BatchOut(outputs=outputs, stats=stats)))

@@ -34,6 +34,9 @@ class ForwardBatch:
     kv_pool: KVPool
     attn_backend: AttentionBackend
     attn_metadata: Any = field(default=None)  # filled by attn_backend.init_forward_metadata
+    # [2, B] int64 on the model's device: seq_lens, extend_lens, copied by the model runner with
+    # the step's other tensors (one host-to-device copy); None on CPU and in hand-built batches
+    device_lens: torch.Tensor | None = field(default=None)
 
     @property
     def batch_size(self) -> int:

@@ -31,14 +31,16 @@ def available_memory_bytes(device: str) -> int:
 
 
 def pool_pages(*, max_total_tokens: int | None, mem_fraction_static: float | None, device: str,
-               page_size: int, bytes_per_token: int) -> int:
-    """Number of pages including the dummy page 0."""
+               page_size: int, bytes_per_token: int, reserved_bytes: int = 0) -> int:
+    """Number of pages including the dummy page 0. ``reserved_bytes`` (CUDA graphs' memory,
+    engine/cuda_graph.py: graph_reserve_bytes) comes off the device's free memory first."""
     if max_total_tokens is not None:
         tokens = max_total_tokens
     else:
         on_gpu = device.startswith("cuda")
         fraction = mem_fraction_static or (GPU_DEFAULT_FRACTION if on_gpu else CPU_DEFAULT_FRACTION)
-        tokens = int(available_memory_bytes(device) * fraction) // bytes_per_token
+        free = max(0, available_memory_bytes(device) - reserved_bytes)
+        tokens = int(free * fraction) // bytes_per_token
         if not on_gpu:
             tokens = min(tokens, CPU_MAX_DEFAULT_TOKENS)
     if tokens < page_size:

@@ -10,18 +10,28 @@ from typing import Sequence
 import torch
 
 from sglang_pd.engine.attention.base import AttentionBackend
+from sglang_pd.engine.cuda_graph import CudaGraphRunner, HostStaging
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.request import Req
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend) -> None:
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend,
+                 cuda_graph_max_bs: int = 0) -> None:
         self.model = model
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
         self.page_size = kv_pool.page_size
         self._page_offsets = torch.arange(self.page_size, dtype=torch.long)
+        # The model's device is the pool's. Batches are built on the host; on an accelerator
+        # they travel in one pinned, non-blocking copy per step (engine/cuda_graph.py).
+        self.device = kv_pool.kv_buffer.device
+        self._staging = HostStaging(self.device) if self.device.type == "cuda" else None
+        self.graph_runner: CudaGraphRunner | None = None
+        if cuda_graph_max_bs > 0 and self.device.type == "cuda" and attn_backend.supports_cuda_graph:
+            self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, cuda_graph_max_bs)
+            self.graph_runner.capture()
 
     def _token_slots(self, reqs: Sequence[Req], seq_lens: list[int]) -> torch.Tensor:
         """[B, max(seq_lens)] KV slot of every token; padding points into dummy page 0."""
@@ -68,6 +78,12 @@ class ModelRunner:
 
     def _batch(self, mode: ForwardMode, reqs: Sequence[Req], ids: list[int], positions: list[int],
                out_loc: list[int], seq_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+        if self._staging is not None:  # lengths stay on the host too (seq_lens, extend_lens)
+            batch = self._staging.to_device(mode, ids, positions, out_loc, seq_lens, extend_lens,
+                                            self._token_slots(reqs, seq_lens), self.kv_pool,
+                                            self.attn_backend)
+            self.attn_backend.init_forward_metadata(batch)
+            return batch
         batch = ForwardBatch(
             mode=mode,
             input_ids=torch.tensor(ids, dtype=torch.long),
@@ -85,4 +101,6 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [B, vocab] of each request's last new token."""
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            return self.graph_runner.replay(batch)
         return self.model.forward(batch).float()

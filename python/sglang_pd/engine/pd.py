@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import msgspec
 
 from sglang_pd.disaggregation.state import RoomUpdate
+from sglang_pd.engine.pd_rules import decode_admits, pages_for
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
@@ -325,14 +326,11 @@ class DecodeSide:
         sched = self.core.scheduler
         alloc = sched.allocator
         while self.prealloc:
-            if len(sched.running) + len(self.transferring) >= self.max_running:
-                return  # --max-running-requests counts requests whose KV is arriving too
             req = self.prealloc[0]
-            need = -(-req.prompt_len // self.core.page_size)
-            if need + self.reserved_pages > alloc.num_free and (sched.running or self.transferring):
-                return  # wait for memory; with nothing else running, admit without headroom
-            if need > alloc.num_free:
-                return
+            need = pages_for(req.prompt_len, self.core.page_size)
+            if not decode_admits(len(sched.running), len(self.transferring), self.max_running, need,
+                                 self.reserved_pages, alloc.num_free):
+                return  # FIFO: the head waits, and everything behind it (engine/pd_rules.py)
             self.prealloc.popleft()
             sched.park(req, num_pages=need)
             self.transferring[req.bootstrap_room] = req
@@ -377,4 +375,5 @@ def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: object, host: str, boo
     from sglang_pd.disaggregation.decode_manager import KVReceiverManager
 
     return DecodeSide(core, KVReceiverManager(transport, envs=DisaggEnvs.load()),
-                      reserved_pages=-(-num_reserved_decode_tokens // core.page_size), max_running=max_running)
+                      reserved_pages=pages_for(num_reserved_decode_tokens, core.page_size),
+                      max_running=max_running)

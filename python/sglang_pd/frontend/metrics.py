@@ -29,6 +29,11 @@ _ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
 _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                 50.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 
+# engine steps (issue 21): batch sizes, and step times from 1 ms to a long prefill
+_STEP_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                         0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
 # EngineStats field -> (metric name, help). Other numeric fields get sglang:<field>.
 _KNOWN_STATS: dict[str, tuple[str, str]] = {
     "num_running_reqs": ("sglang:num_running_reqs", "Number of running requests"),
@@ -79,6 +84,13 @@ class FrontendMetrics:
                                      f"Requests that {outcome} their {kind.upper()} SLO", cls_labels,
                                      registry=reg)
             for kind in ("ttft", "tpot") for outcome in ("met", "missed")}
+        # per engine step, label mode (extend | decode | mixed): from EngineStats.step_samples
+        self.step_batch_size = Histogram("sglang:engine_step_batch_size",
+                                         "Requests in one engine step", labels + ["mode"],
+                                         buckets=_STEP_BATCH_BUCKETS, registry=reg)
+        self.step_seconds = Histogram("sglang:engine_step_seconds",
+                                      "Wall time of one engine step (schedule, forward, sampling)",
+                                      labels + ["mode"], buckets=_STEP_SECONDS_BUCKETS, registry=reg)
         for stat, (name, doc) in _KNOWN_STATS.items():
             self.add_engine_gauge(stat, name, doc)
 
@@ -97,6 +109,11 @@ class FrontendMetrics:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             self.add_engine_gauge(name).set(value)
+        samples = stats.step_samples
+        if samples is not None:
+            for mode, batch, seconds in zip(samples.modes, samples.batch_sizes, samples.seconds):
+                self.step_batch_size.labels(self.model_name, mode).observe(batch)
+                self.step_seconds.labels(self.model_name, mode).observe(seconds)
 
     def observe_finished(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                          e2e_s: float, aborted: bool) -> None:

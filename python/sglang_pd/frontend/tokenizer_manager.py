@@ -23,6 +23,7 @@ from sglang_pd.frontend.errors import ApiError
 from sglang_pd.frontend.limits import RETRY_AFTER_S
 from sglang_pd.frontend.metrics import FrontendMetrics
 from sglang_pd.frontend.request_state import ReqState
+from sglang_pd.frontend.token_pacing import TokenPacer
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import (AbortReq, BatchOut, ControlReq, ControlResp, EngineReady,
                                 EngineStats, GenerateReq, ReqOutput, decode_from_engine, encode)
@@ -43,6 +44,7 @@ class TokenizerManager:
         self.metrics = metrics
         self.engine_alive = engine_alive
         self.states: dict[str, ReqState] = {}
+        self.pacers: dict[str, TokenPacer] = {}  # --token-pacing: streams held to the TPOT pace
         self.pending_calls: dict[int, asyncio.Future[ControlResp]] = {}
         self.last_stats: EngineStats | None = None
         # the SLO counters' short/long boundary until the engine reports its own (auto)
@@ -139,6 +141,7 @@ class TokenizerManager:
         state.finished = True
         state.finished_time = time.perf_counter()
         state.finish_reason = {"type": "abort", "message": "client disconnected"}
+        self._drop_pacer(state.rid)
         if self.states.pop(state.rid, None) is not None:
             self.metrics.observe_finished(state.prompt_tokens, state.completion_tokens,
                                           state.cached_tokens, state.e2e_latency, aborted=True)
@@ -211,6 +214,32 @@ class TokenizerManager:
         state = self.states.get(out.rid)
         if state is None:
             return  # aborted on our side already
+        pacer = self._pacer(state)
+        if pacer is not None:
+            pacer.push(out)  # released later by a loop timer, never by waiting here
+        else:
+            self._apply_output(state, out)
+
+    def _pacer(self, state: ReqState) -> TokenPacer | None:
+        """--token-pacing (frontend/token_pacing.py): streaming requests with a TPOT SLO."""
+        if not self.server_args.token_pacing or not state.req.stream:
+            return None
+        pacer = self.pacers.get(state.rid)
+        if pacer is None:
+            slo = state.req.slo
+            tpot_ms = (slo.tpot_ms if slo is not None else None) or self.server_args.slo_tpot_ms
+            if not tpot_ms:
+                return None
+            pacer = self.pacers[state.rid] = TokenPacer(
+                tpot_ms / 1e3, lambda out, st=state: None if st.finished else self._apply_output(st, out))
+        return pacer
+
+    def _drop_pacer(self, rid: str) -> None:
+        pacer = self.pacers.pop(rid, None)
+        if pacer is not None:
+            pacer.close()
+
+    def _apply_output(self, state: ReqState, out: ReqOutput) -> None:
         now = time.perf_counter()
         new = out.new_token_ids
         if new:
@@ -241,6 +270,7 @@ class TokenizerManager:
         state.notify.set()
 
     def _finish(self, state: ReqState, reason: dict[str, Any], last_ids: list[int]) -> None:
+        self._drop_pacer(state.rid)
         state.finish_reason = reason
         state.finished = True
         state.finished_time = time.perf_counter()

@@ -6,6 +6,8 @@ from typing import Callable
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
+from sglang_pd.scheduling.decode.slack import KairosSlackDecodePolicy
+from sglang_pd.scheduling.decode.slack_plus import SlackPlusDecodePolicy
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.prefill.edf import EdfPrefillPolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
@@ -25,7 +27,11 @@ PREFILL_POLICIES: dict[str, Callable[[PolicyConfig], PrefillPolicy]] = {
     "lrs": LrsPrefillPolicy,  # Medha §4.1's comparison
     "sjf": SjfPrefillPolicy,  # Kairos §3.1's comparison
 }
-DECODE_POLICIES: dict[str, Callable[[PolicyConfig], DecodePolicy]] = {"continuous": ContinuousDecodePolicy}
+DECODE_POLICIES: dict[str, Callable[[PolicyConfig], DecodePolicy]] = {
+    "continuous": ContinuousDecodePolicy,
+    "slack": KairosSlackDecodePolicy,  # Kairos §3.2 Alg. 3 as written
+    "slack+": SlackPlusDecodePolicy,  # ours: every request kept on its TPOT pace
+}
 
 
 def create_prefill_policy(name: str, cfg: PolicyConfig | None = None) -> PrefillPolicy:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # importing this package must stay torch-free: server_args reads the names
@@ -14,13 +15,60 @@ def _make_torch() -> AttentionBackend:
     return TorchAttnBackend()
 
 
-# Heavy or optional imports stay inside the factories (triton/flashinfer on GPU later).
-ATTENTION_BACKENDS: dict[str, Callable[[], "AttentionBackend"]] = {"torch": _make_torch}
+def _make_triton() -> AttentionBackend:
+    try:
+        from sglang_pd.engine.attention.triton_backend import TritonAttnBackend
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the triton attention backend needs triton ({exc}); pip install triton (the gpu "
+            "extra), or use --attention-backend torch"
+        ) from exc
+    return TritonAttnBackend()
 
 
-def create_attention_backend(name: str) -> AttentionBackend:
+def _make_flashinfer() -> AttentionBackend:
+    if importlib.util.find_spec("flashinfer") is None:
+        raise RuntimeError(
+            "the flashinfer attention backend needs FlashInfer: pip install flashinfer-python "
+            "(the gpu extra, CUDA only), or use --attention-backend triton (or auto)"
+        )
+    from sglang_pd.engine.attention.flashinfer_backend import FlashInferAttnBackend
+
+    return FlashInferAttnBackend()
+
+
+def resolve_attention_backend(name: str, device: str) -> str:
+    """"auto": flashinfer on CUDA when importable, else triton on CUDA; torch elsewhere."""
+    if name != "auto":
+        return name
+    if not str(device).startswith("cuda"):
+        return "torch"
+    return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"
+
+
+def _make_auto() -> AttentionBackend:
+    # Zero-argument factories cannot see --device; create_attention_backend(name, device)
+    # resolves "auto" with it. This fallback guesses from the host.
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return ATTENTION_BACKENDS[resolve_attention_backend("auto", device)]()
+
+
+# Heavy or optional imports (torch, triton, flashinfer) stay inside the factories.
+ATTENTION_BACKENDS: dict[str, Callable[[], "AttentionBackend"]] = {
+    "torch": _make_torch,
+    "triton": _make_triton,
+    "flashinfer": _make_flashinfer,
+    "auto": _make_auto,
+}
+
+
+def create_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"unknown attention backend {name!r}; supported: {sorted(ATTENTION_BACKENDS)}"
         )
+    if name == "auto":
+        name = resolve_attention_backend(name, device)
     return ATTENTION_BACKENDS[name]()

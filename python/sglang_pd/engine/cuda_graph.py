@@ -1,0 +1,198 @@
+"""The accelerator side of the model runner: one host-to-device copy per step, and CUDA graphs.
+
+HostStaging packs a step's integer tensors (token ids, positions, KV slots, lengths, the slot
+table) into one pinned host buffer and sends it with one non-blocking copy; the lengths also stay
+on the host (``ForwardBatch.seq_lens``/``extend_lens``) so metadata never syncs the device.
+
+CudaGraphRunner captures decode steps once per batch-size bucket (``decode_batch_buckets``) and
+replays the smallest captured bucket that holds a step, padding the extra rows so that they read
+and write only the zero dummy page 0 (the attention backend's store drops writes there).
+Short-prefill (tokens x batch) graphs are not captured yet: the model picks each request's last
+token with a host index (``last_token_indices``), which a graph cannot replay; docs/gpu.md.
+
+Nothing here runs on CPU except the bucket arithmetic and the padding fill, which the tests check.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sglang_pd.engine.attention.base import AttentionBackend
+from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.kv_pool import KVPool
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BS = 160  # --cuda-graph-max-bs default
+GRAPH_RESERVE_BYTES_PER_BS = 4 << 20  # rough activation + workspace per captured batch row
+
+
+def decode_batch_buckets(max_bs: int) -> list[int]:
+    """Batch sizes to capture: 1, 2, 4, 8, then every 8 up to max_bs (max_bs itself included).
+    Finer steps at small batches waste less padded work where each row costs the most."""
+    if max_bs < 1:
+        raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {max_bs}")
+    sizes = {b for b in (1, 2, 4, 8) if b <= max_bs} | set(range(16, max_bs + 1, 8)) | {max_bs}
+    return sorted(sizes)
+
+
+def pick_bucket(buckets: list[int], batch_size: int) -> int | None:
+    """Smallest captured size holding ``batch_size`` rows; None if none does."""
+    for b in buckets:
+        if b >= batch_size:
+            return b
+    return None
+
+
+def graph_reserve_bytes(max_bs: int) -> int:
+    """Memory to keep out of the KV pool for graphs (memory.pool_pages' reserved_bytes)."""
+    return GRAPH_RESERVE_BYTES_PER_BS * max_bs
+
+
+class HostStaging:
+    """A grow-only pinned int64 buffer. A copy must finish before the buffer is refilled, so the
+    next fill waits on the event recorded after the previous copy (normally long done)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._host: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+
+    def _buffer(self, numel: int) -> torch.Tensor:
+        if self._copied is not None:
+            self._copied.synchronize()
+        if self._host is None or self._host.numel() < numel:
+            self._host = torch.empty(max(numel, 4096), dtype=torch.long, pin_memory=True)
+        return self._host[:numel]
+
+    def to_device(self, mode: ForwardMode, ids: list[int], positions: list[int], out_loc: list[int],
+                  seq_lens: list[int], extend_lens: list[int], token_slots: torch.Tensor,
+                  kv_pool: KVPool, attn_backend: AttentionBackend) -> ForwardBatch:
+        host = self._buffer(3 * len(ids) + 2 * len(seq_lens) + token_slots.numel())
+        pack_step(host, ids, positions, out_loc, seq_lens, extend_lens, token_slots)
+        dev = host.to(self.device, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return unpack_step(dev, mode, seq_lens, extend_lens, tuple(token_slots.shape), kv_pool,
+                           attn_backend)
+
+
+def pack_step(out: torch.Tensor, ids: list[int], positions: list[int], out_loc: list[int],
+              seq_lens: list[int], extend_lens: list[int], token_slots: torch.Tensor) -> None:
+    """Lay a step's integers out in ``out`` (int64): ids, positions, out_loc, seq_lens,
+    extend_lens, then token_slots row by row."""
+    head = ids + positions + out_loc + seq_lens + extend_lens
+    out[: len(head)] = torch.tensor(head, dtype=torch.long)
+    out[len(head) :] = token_slots.reshape(-1)
+
+
+def unpack_step(packed: torch.Tensor, mode: ForwardMode, seq_lens: list[int], extend_lens: list[int],
+                slots_shape: tuple[int, ...], kv_pool: KVPool,
+                attn_backend: AttentionBackend) -> ForwardBatch:
+    """The ForwardBatch viewing a ``pack_step`` layout (on any device); lengths also on the host."""
+    n, bsz = sum(extend_lens), len(seq_lens)
+    head = 3 * n + 2 * bsz
+    return ForwardBatch(
+        mode=mode, input_ids=packed[:n], positions=packed[n : 2 * n],
+        out_cache_loc=packed[2 * n : 3 * n],
+        seq_lens=torch.tensor(seq_lens, dtype=torch.long),  # host copies: metadata reads these
+        extend_lens=torch.tensor(extend_lens, dtype=torch.long),
+        token_slots=packed[head:].view(slots_shape), kv_pool=kv_pool, attn_backend=attn_backend,
+        device_lens=packed[3 * n : head].view(2, bsz))
+
+
+@dataclass
+class _Statics:
+    """Inputs every captured graph reads, sized for the largest bucket."""
+
+    input_ids: torch.Tensor  # [max_bs]
+    positions: torch.Tensor  # [max_bs]
+    out_cache_loc: torch.Tensor  # [max_bs]
+    lens: torch.Tensor  # [2, max_bs]: seq_lens, extend_lens
+
+    @classmethod
+    def allocate(cls, max_bs: int, device: torch.device) -> "_Statics":
+        def z() -> torch.Tensor:
+            return torch.zeros(max_bs, dtype=torch.long, device=device)
+
+        return cls(z(), z(), z(), torch.ones(2, max_bs, dtype=torch.long, device=device))
+
+    def fill(self, batch: ForwardBatch, padded_bs: int) -> None:
+        """Real rows first; padding rows read token 0 at position 0 and write slot 0 (dummy
+        page 0, where the backends' store drops writes), with length 1."""
+        bs = batch.batch_size
+        for static, real in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
+                             (self.out_cache_loc, batch.out_cache_loc)):
+            static[:bs] = real
+            static[bs:padded_bs] = 0
+        lens = batch.device_lens
+        if lens is None:
+            lens = torch.stack([batch.seq_lens, batch.extend_lens])
+        self.lens[:, :bs] = lens
+        self.lens[:, bs:padded_bs] = 1
+
+    def batch(self, bs: int, kv_pool: KVPool, backend: AttentionBackend) -> ForwardBatch:
+        """The ForwardBatch a graph of ``bs`` rows is captured on (views of the statics)."""
+        return ForwardBatch(
+            mode=ForwardMode.DECODE, input_ids=self.input_ids[:bs], positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs], seq_lens=torch.ones(bs, dtype=torch.long),
+            extend_lens=torch.ones(bs, dtype=torch.long),
+            token_slots=torch.zeros(bs, 1, dtype=torch.long, device=self.input_ids.device),
+            kv_pool=kv_pool, attn_backend=backend, device_lens=self.lens[:, :bs])
+
+
+class CudaGraphRunner:
+    """Decode graphs per batch-size bucket. UNVERIFIED on a GPU (written without one)."""
+
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, backend: AttentionBackend,
+                 max_bs: int = DEFAULT_MAX_BS, max_context_len: int | None = None) -> None:
+        if not backend.supports_cuda_graph:
+            raise ValueError(f"{type(backend).__name__} does not support CUDA graphs")
+        self.model, self.kv_pool, self.backend = model, kv_pool, backend
+        self.buckets = decode_batch_buckets(max_bs)
+        self.max_context_len = max_context_len or (kv_pool.num_pages - 1) * kv_pool.page_size
+        device = kv_pool.kv_buffer.device
+        self.statics = _Statics.allocate(self.buckets[-1], device)
+        backend.init_cuda_graph_state(self.buckets[-1], self.max_context_len, kv_pool)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, ForwardBatch]] = {}
+        self._pool_handle = None
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.buckets[-1]
+                and int(batch.token_slots.shape[1]) <= self.max_context_len)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Largest bucket first, so the smaller graphs reuse its memory pool."""
+        for bs in reversed(self.buckets):
+            start, free_before = time.perf_counter(), torch.cuda.mem_get_info()[0]
+            batch = self.statics.batch(bs, self.kv_pool, self.backend)
+            self.backend.init_forward_metadata_capture(batch)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up: Triton compiles, allocator settles
+                for _ in range(2):
+                    self.model.forward(batch)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool_handle):
+                out = self.model.forward(batch).float()
+            self._pool_handle = graph.pool()
+            self._graphs[bs] = (graph, out, batch)
+            used = free_before - torch.cuda.mem_get_info()[0]
+            logger.info("captured decode graph bs=%d in %.2f s, %.1f MiB", bs,
+                        time.perf_counter() - start, used / 2**20)
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        padded = pick_bucket(self.buckets, batch.batch_size)
+        if padded is None or padded not in self._graphs:
+            raise RuntimeError(f"no captured graph holds a decode batch of {batch.batch_size}")
+        graph, out, static_batch = self._graphs[padded]
+        self.statics.fill(batch, padded)
+        self.backend.init_forward_metadata_replay(batch, padded)
+        graph.replay()
+        return out[: batch.batch_size]

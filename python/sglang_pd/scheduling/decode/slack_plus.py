@@ -1,0 +1,120 @@
+"""``slack+`` (ours): slack-guided decode batching that keeps every request on its TPOT pace.
+
+Built on Kairos §3.2 / Alg. 3 (``slack.py``), with the reservation changed. Kairos keeps, for
+the tightest request, only its *solo* step time after the short-only step; but a request that is
+skipped is next decoded in whatever step comes later, in the worst case the decode-all fallback,
+which takes longer. So a long request can fall behind its pace (a 128K request 7.5 ms behind
+in a model of the paper's own step times; 6.2 ms in test_decode_policies' table). ``slack+`` reserves that later step instead:
+
+    d_r   = t_first_token + T_slo * n_generated      (r's next token is due; pacing.py)
+    s_r   = d_r - now - t_all                        (t_all: this step with every request)
+
+Skipping r in a step of length t keeps it on pace even if its next step is the decode-all one
+iff t <= s_r. Hence, per step:
+1. mandatory set M (run the min-slack set first): every r with s_r < 0 (it cannot wait for a
+   decode-all step after any other step), then, to a fixed point, every r with s_r < LUT[M]
+   (the step M forms would make it late);
+2. packing, Kairos's walk: the others by ascending seq_len; add r when LUT[M + B + r] <= the
+   smallest s of the requests still skipped and the batch's tokens/s rises (Alg. 3 line 13);
+3. without a mandatory set, a partial step runs only if its tokens/s are at least the
+   decode-all step's (Alg. 3's gain test compares only within B: without this, a long request
+   alone, ahead of pace, would spend every short request's lead at 1 token per long step);
+   nothing chosen: decode every request (all s_r >= 0 then, so all are on time).
+So outside mandatory steps no step has fewer tokens/s than continuous batching's.
+Invariant: every skipped request q has s_q >= this step's time, so after this step a
+decode-all step still delivers its token by d_q: whenever the SLO is feasible at all (t_all
+<= every T_slo, the table right), every request's k-th token arrives by t_first + (k-1) T_slo,
+the cumulative pace, not only on average.
+
+When it is not feasible (t_all > T_slo: a long request among many short ones), pace cannot be
+held for everyone, and keeping the requests that are already behind in every step would drag
+everyone behind (Alg. 3 does that: a negative s_min means decode all, every step). A request
+is *behind* when it misses its next deadline even decoded alone now; behind requests do not
+constrain the step (their slack counts as infinite), and instead none of them waits two steps
+in a row: after a step that left one out, the next step decodes every request. So the others
+keep (or regain) their pace with steps of their own, and a behind request still gets at least
+every other step.
+
+No starvation: a skipped request's s falls by each step's time, so within a bounded number of
+steps it is negative and mandatory, or it is behind and waits at most one step. The table,
+pace and deviations are Kairos's as in ``slack.py`` (total-context key, per-request T_slo,
+``StepProfile.total_s``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
+from sglang_pd.scheduling.types import R
+
+
+class SlackPlusDecodePolicy(SlackDecodePolicy):
+    name = "slack+"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._behind_skipped: set[str] = set()  # behind-pace requests left out of the last step
+
+    def choose(self, running: Sequence[R], now: float) -> list[R]:
+        model = self.model
+        n = len(running)
+        ctx = [decode_context(r) for r in running]
+        t_all = model.batch_s(ctx)
+        due = [next_deadline(r, self.tpot_s(r), now) - now for r in running]
+        # behind its pace: misses its next deadline even decoded alone now; best effort
+        behind = [d < model.step_s(1, c, c) for d, c in zip(due, ctx)]
+        if any(b and r.rid in self._behind_skipped for b, r in zip(behind, running)):
+            self._behind_skipped.clear()  # a behind request never waits two steps in a row
+            return []
+        slack = [math.inf if b else d - t_all for b, d in zip(behind, due)]
+        chosen = [False] * n
+        total = longest = count = 0
+
+        def add(i: int) -> None:
+            nonlocal total, longest, count
+            chosen[i] = True
+            total, longest, count = total + ctx[i], max(longest, ctx[i]), count + 1
+
+        # 1. the mandatory set, to a fixed point (each pass only grows it)
+        t_cur = 0.0
+        while True:
+            late = [i for i in range(n) if not chosen[i] and slack[i] < t_cur]
+            if not late:
+                break
+            for i in late:
+                add(i)
+            t_cur = model.step_s(count, total, longest)
+        if count == n:
+            self._behind_skipped.clear()
+            return list(running)
+        mandatory = count
+        # 2. packing by ascending seq_len within the slack of the requests still skipped
+        free = [i for i in range(n) if not chosen[i]]
+        by_slack = sorted(free, key=lambda i: slack[i])
+        head = 0  # by_slack[:head] are all chosen (chosen only grows)
+
+        def rest_min(exclude: int) -> float:
+            """Smallest slack of the skipped requests other than ``exclude``."""
+            nonlocal head
+            while head < len(by_slack) and chosen[by_slack[head]]:
+                head += 1
+            k = head
+            while k < len(by_slack) and (chosen[by_slack[k]] or by_slack[k] == exclude):
+                k += 1
+            return slack[by_slack[k]] if k < len(by_slack) else math.inf
+
+        for i in sorted(free, key=lambda i: running[i].seq_len):
+            rest = rest_min(i)
+            t = model.step_s(count + 1, total + ctx[i], max(longest, ctx[i]))
+            if t <= rest and (count == 0 or (count + 1) / t > count / t_cur):
+                add(i)
+                t_cur = t
+        # 3. an optional partial step must not cost throughput: its tokens/s at least the
+        # decode-all step's (else it only spends everyone's lead, e.g. a long request alone)
+        if not count or (not mandatory and count / t_cur < n / t_all):
+            self._behind_skipped.clear()
+            return []
+        self._behind_skipped = {r.rid for r, c, b in zip(running, chosen, behind) if b and not c}
+        return [r for r, c in zip(running, chosen) if c]

@@ -1,0 +1,117 @@
+"""``python -m sglang_pd.sim run|sweep|plan`` (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sglang_pd.sim.cli import PolicyPair, add_common, cluster_spec, cost_of, slo_of, workload_of
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.report import (format_run, metrics, plot_policy_sweep, plot_queues, run_info, summary_record,
+                                  write_requests)
+from sglang_pd.sim.sweep import PlanCandidate, plan, sweep
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    spec = cluster_spec(a)
+    wl = workload_of(a)
+    res = Cluster(spec, cost_of(a)).run(wl, progress=not a.no_progress)
+    results, m = metrics(res, slo_of(a), a.long_threshold)
+    info = run_info(res, spec.describe(), a.qps, {"workload": a.trace or a.mix, "profile": a.profile})
+    print(format_run(m, info))
+    if a.output_dir:
+        out = Path(a.output_dir)
+        write_requests(out / "requests.jsonl", res)
+        (out / "summary.json").write_text(json.dumps(summary_record(m, info), indent=1, default=str))
+        from sglang_pd.bench.plots import plot_run
+
+        files = plot_run(results, m, out, spec.describe()) + [plot_queues(res, out / "queues.png", spec.describe())]
+        print("wrote", out / "requests.jsonl", out / "summary.json", *files)
+    return 0
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    pairs = [PolicyPair.parse(p) for p in a.policies.split(",")]
+    specs = {str(p): cluster_spec(a, p.prefill, p.decode, p.exact or a.exact) for p in pairs}
+    points = sweep(a.qps_list, specs, lambda: cost_of(a), lambda q: workload_of(a, q), slo_of(a), a.long_threshold)
+    if a.output_dir:
+        out = Path(a.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "sweep.jsonl", "w") as f:
+            for pt in points:
+                o = pt.metrics.overall
+                f.write(json.dumps({"qps": pt.qps, "policy": pt.label, "cluster": pt.spec.describe(),
+                                    "e2e_attainment": o.slo_attainment, "ttft_attainment": o.ttft_attainment,
+                                    "tpot_attainment": o.tpot_attainment, "goodput_rps": o.goodput_rps,
+                                    "ttft_p50_ms": o.ttft.median, "ttft_p90_ms": o.ttft.p90,
+                                    "tpot_p50_ms": o.tpot.median, "tpot_p90_ms": o.tpot.p90}) + "\n")
+        series = {label: [p.metrics for p in points if p.label == label] for label in specs}
+        files = plot_policy_sweep(a.qps_list, series, out, a.title or f"{a.profile}, {next(iter(specs.values())).describe()}")
+        print("wrote", out / "sweep.jsonl", *files)
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    pairs = [PolicyPair.parse(p) for p in a.policies.split(",")]
+    gpi = a.gpus_per_instance
+    max_inst = a.max_gpus // gpi
+    cands = []
+    for p in pairs:
+        for n in range(1, max_inst + 1):
+            if a.colocated_too or a.colocated:
+                cands.append(PlanCandidate(f"{n} colocated {p}", n * gpi, cluster_spec(a, p.prefill, p.decode, p.exact,
+                                                                                     num_colocated=n)))
+            if not a.colocated:
+                for n_p in range(1, n):
+                    cands.append(PlanCandidate(f"{n_p}P+{n - n_p}D {p}", n * gpi,
+                                               cluster_spec(a, p.prefill, p.decode, p.exact, num_prefill=n_p,
+                                                            num_decode=n - n_p, num_colocated=0)))
+    if not cands:
+        print(f"no candidate fits {a.max_gpus} GPUs at {gpi} per instance", file=sys.stderr)
+        return 2
+    best = plan(cands, lambda: cost_of(a), workload_of(a), slo_of(a), a.target_attainment, a.long_threshold)
+    if best is None:
+        print(f"no cluster of at most {a.max_gpus} GPUs reaches {100 * a.target_attainment:.1f}% attainment")
+        return 1
+    cand, m = best
+    print(f"cheapest: {cand.label} on {cand.gpus} GPUs, E2E attainment {100 * (m.overall.slo_attainment or 0):.1f}% "
+          f"(TTFT {100 * (m.overall.ttft_attainment or 0):.1f}%, TPOT {100 * (m.overall.tpot_attainment or 0):.1f}%)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_pd.sim", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="simulate one cluster on one workload")
+    add_common(run)
+    sw = sub.add_parser("sweep", help="QPS x policy grid, one plot per metric")
+    add_common(sw)
+    sw.add_argument("--qps-list", type=_floats, required=True)
+    sw.add_argument("--policies", default="fcfs/continuous", help="PREFILL/DECODE[@exact],...")
+    sw.add_argument("--title", default="")
+    pl = sub.add_parser("plan", help="the cheapest cluster meeting an attainment target")
+    add_common(pl)
+    pl.add_argument("--target-attainment", type=float, required=True, help="0..1, E2E (both SLOs)")
+    pl.add_argument("--max-gpus", type=int, required=True)
+    pl.add_argument("--gpus-per-instance", type=int, default=1)
+    pl.add_argument("--policies", default="fcfs/continuous", help="PREFILL/DECODE[@exact],... to consider")
+    pl.add_argument("--colocated-too", action="store_true", help="also consider colocated clusters")
+    a = ap.parse_args(argv)
+    try:
+        return {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan}[a.cmd](a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

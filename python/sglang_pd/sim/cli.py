@@ -1,0 +1,143 @@
+"""``python -m sglang_pd.sim {run,sweep,plan}``: flags shared by the three commands.
+
+Policy and scheduling flags carry the server's names (``--prefill-policy``, ``--prefill-queues``,
+``--decode-policy``, ``--slo-ttft-ms``, ...) and go into the one ``PolicyConfig``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from sglang_pd_router.policies import ROUTING_POLICIES, RoutingConfig
+
+from sglang_pd.bench.metrics import SloSpec
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
+from sglang_pd.sim.cluster import ClusterSpec
+from sglang_pd.sim.profiles import StepCost, build_cost
+from sglang_pd.sim.workload import Workload, from_trace, parse_mix, synthetic
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", help="trace short name (azure-conv, azure-code, mooncake, sharegpt-lengths) or file")
+    w.add_argument("--limit", type=int, help="first N requests of the trace (after --window)")
+    w.add_argument("--window", type=int, help="requests per trace window (Kairos: 1000)")
+    w.add_argument("--window-index", type=int, default=0)
+    w.add_argument("--mix", help="synthetic lengths NAME:WEIGHT,... (trace names, medha-swe, pla-chat, fixed:IN:OUT)")
+    w.add_argument("--num-requests", type=int, default=1000, help="synthetic requests")
+    w.add_argument("--qps", type=float, help="arrival rate; rescales a timed trace to this mean rate")
+    w.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of the gaps (1 = Poisson)")
+    w.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight (synthetic)")
+    w.add_argument("--seed", type=int, default=1)
+    c = p.add_argument_group("cluster")
+    c.add_argument("--prefill", type=int, default=1, help="prefill instances")
+    c.add_argument("--decode", type=int, default=1, help="decode instances")
+    c.add_argument("--colocated", type=int, default=0, help="colocated instances instead of PD")
+    c.add_argument("--prefill-role", default=None, help="per prefill instance, comma-separated: both|short|long")
+    c.add_argument("--router-prefill", default="round_robin", choices=sorted(ROUTING_POLICIES))
+    c.add_argument("--router-decode", default="round_robin", choices=sorted(ROUTING_POLICIES))
+    c.add_argument("--profile", default="llama-3-8b@h100",
+                   help="cost profile: MODEL@HW[xTP] (analytic), minimax-m2.5@h200x4 (Kairos-calibrated), or a profile .json")
+    c.add_argument("--tp", type=int, default=1, help="GPUs per instance when --profile names none")
+    c.add_argument("--kv-capacity-tokens", type=int, help="KV pool per instance (default: from the memory model)")
+    c.add_argument("--kv-bytes-per-token", type=float, help="KV bytes per token (default: from the model shape)")
+    c.add_argument("--noise", type=float, default=0.0, help="relative std of step times (ground truth)")
+    c.add_argument("--exact", action="store_true", help="schedulers get the true prefill cost model")
+    c.add_argument("--link-gb-s", type=float, default=25.0, help="prefill->decode link GB/s")
+    c.add_argument("--link-latency-ms", type=float, default=1.0)
+    c.add_argument("--pd-timeout-s", type=float, default=300.0,
+                   help="PD: one side ready and the other not for this long fails the request (DisaggEnvs)")
+    c.add_argument("--prefix-cache-tokens", type=int, default=0,
+                   help="prefix cache per prefill instance over hash_ids (512-token blocks); 0 = off")
+    s = p.add_argument_group("scheduling (server flag names)")
+    s.add_argument("--prefill-policy", default="fcfs", choices=sorted(PREFILL_POLICIES))
+    s.add_argument("--decode-policy", default="continuous", choices=sorted(DECODE_POLICIES))
+    s.add_argument("--prefill-queues", default="single", choices=("single", "dual"))
+    s.add_argument("--short-prefill-threshold", default=None, help="tokens, or auto")
+    s.add_argument("--slo-ttft-ms", type=float)
+    s.add_argument("--slo-tpot-ms", type=float)
+    s.add_argument("--chunked-prefill-size", type=int, default=2048)
+    s.add_argument("--max-prefill-tokens", type=int, default=16384)
+    s.add_argument("--max-running-requests", type=int, default=256)
+    s.add_argument("--page-size", type=int, default=16)
+    s.add_argument("--enable-mixed-chunk", action="store_true")
+    s.add_argument("--num-reserved-decode-tokens", type=int, default=512)
+    s.add_argument("--cost-model-profile", help="the schedulers' prior (docs/profile.md)")
+    s.add_argument("--prefill-deadline-margin-ms", type=float, default=0.0)
+    o = p.add_argument_group("output")
+    o.add_argument("--output-dir", help="requests.jsonl, summary.json and PNG plots go here")
+    o.add_argument("--long-threshold", type=int, default=8192, help="prompt tokens from which a request is long")
+    o.add_argument("--no-progress", action="store_true")
+
+
+def policy_config(a: argparse.Namespace, prefill_policy: str | None = None) -> PolicyConfig:
+    kw = dict(slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, max_prefill_tokens=a.max_prefill_tokens,
+              chunked_prefill_size=a.chunked_prefill_size, max_running_requests=a.max_running_requests,
+              page_size=a.page_size, enable_mixed_chunk=a.enable_mixed_chunk, prefill_queues=a.prefill_queues,
+              cost_model_profile=a.cost_model_profile, prefill_deadline_margin_ms=a.prefill_deadline_margin_ms)
+    if a.short_prefill_threshold is not None:
+        text = str(a.short_prefill_threshold).strip().lower()
+        kw["short_prefill_threshold"] = None if text == "auto" else int(text)
+    return PolicyConfig(**kw)
+
+
+def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decode_policy: str | None = None,
+                 exact: bool | None = None, num_prefill: int | None = None, num_decode: int | None = None,
+                 num_colocated: int | None = None) -> ClusterSpec:
+    cfg = policy_config(a)
+    routing = RoutingConfig(short_prefill_threshold=cfg.short_prefill_threshold or 512)
+    roles = [r.strip() for r in a.prefill_role.split(",")] if a.prefill_role else None
+    n_p = a.prefill if num_prefill is None else num_prefill
+    if roles is not None and len(roles) == 1:
+        roles = roles * n_p
+    return ClusterSpec(num_prefill=n_p, num_decode=a.decode if num_decode is None else num_decode,
+                       num_colocated=a.colocated if num_colocated is None else num_colocated, prefill_roles=roles,
+                       prefill_policy=prefill_policy or a.prefill_policy, decode_policy=decode_policy or a.decode_policy,
+                       router_prefill=a.router_prefill, router_decode=a.router_decode, routing=routing, cfg=cfg,
+                       exact=a.exact if exact is None else exact, prefix_cache_tokens=a.prefix_cache_tokens,
+                       num_reserved_decode_tokens=a.num_reserved_decode_tokens, link_gb_s=a.link_gb_s,
+                       link_latency_ms=a.link_latency_ms, pd_timeout_s=a.pd_timeout_s, seed=a.seed)
+
+
+def cost_of(a: argparse.Namespace) -> StepCost:
+    return build_cost(a.profile, a.tp, a.kv_capacity_tokens, a.kv_bytes_per_token, a.noise, a.seed)
+
+
+def workload_of(a: argparse.Namespace, qps: float | None = None) -> Workload:
+    qps = a.qps if qps is None else qps
+    if a.trace and a.mix:
+        raise ValueError("give --trace or --mix, not both")
+    if a.trace:
+        return from_trace(a.trace, a.limit, a.window, a.window_index, qps, a.seed)
+    if not a.mix:
+        raise ValueError("give a workload: --trace NAME or --mix NAME:WEIGHT,... with --qps or --concurrency")
+    return synthetic(parse_mix(a.mix), a.num_requests, qps if a.concurrency is None else None, a.burstiness,
+                     a.concurrency, a.seed)
+
+
+def slo_of(a: argparse.Namespace) -> SloSpec:
+    return SloSpec(a.slo_ttft_ms, a.slo_tpot_ms)
+
+
+@dataclass(frozen=True)
+class PolicyPair:
+    prefill: str
+    decode: str
+    exact: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "PolicyPair":
+        """``PREFILL/DECODE[@exact]``, e.g. ``kairos+/slack+@exact``."""
+        body, _, flag = text.strip().partition("@")
+        pre, sep, dec = body.partition("/")
+        if not sep or flag not in ("", "exact"):
+            raise ValueError(f"policy pair {text!r}: expected PREFILL/DECODE[@exact], e.g. fcfs/continuous")
+        for name, reg in ((pre, PREFILL_POLICIES), (dec, DECODE_POLICIES)):
+            if name not in reg:
+                raise ValueError(f"policy pair {text!r}: unknown policy {name!r}; known: {sorted(reg)}")
+        return cls(pre, dec, flag == "exact")
+
+    def __str__(self) -> str:
+        return f"{self.prefill}/{self.decode}{'@exact' if self.exact else ''}"

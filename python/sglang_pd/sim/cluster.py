@@ -1,0 +1,361 @@
+"""The discrete-event core: arrivals, step ends and KV transfer ends over a cluster of
+instances (sim/instance.py), routed by the router's own pure policies.
+
+Time advances from event to event (a heap); an idle instance with work starts its next step
+at once, as the engine's loop does. A PD request is routed at arrival to one prefill and one
+decode instance (as the PD router does): decode parks it for pre-allocation, prefill queues it;
+the transfer starts once both sides are ready (sim/transfer.py) and its end is the first token
+(the decode engine flushes first tokens as their KV arrives). Colocated instances do both.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from sglang_pd_router.policies import RouteRequest, RoutingConfig, WorkerView, create_routing_policy
+
+from sglang_pd.engine.pd_rules import pages_for
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.step import ReqState
+from sglang_pd.sim.instance import ClusterReq, Instance, Track
+from sglang_pd.sim.prefix_cache import PrefixCache
+from sglang_pd.sim.profiles import StepCost
+from sglang_pd.sim.transfer import TransferModel
+from sglang_pd.sim.workload import Arrival, Workload
+
+_STEP, _XFER, _WAKE, _TIMEOUT = 0, 1, 2, 3
+
+
+@dataclass
+class ClusterSpec:
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_colocated: int = 0  # > 0: a colocated cluster (num_prefill / num_decode ignored)
+    prefill_roles: list[str] | None = None  # per prefill instance: both | short | long
+    prefill_policy: str = "fcfs"
+    decode_policy: str = "continuous"
+    router_prefill: str = "round_robin"
+    router_decode: str = "round_robin"
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    cfg: PolicyConfig = field(default_factory=PolicyConfig)
+    exact: bool = False  # schedulers get the true prefill cost model
+    prefix_cache_tokens: int = 0  # per prefill instance; 0 = off
+    num_reserved_decode_tokens: int = 512
+    link_gb_s: float = 25.0
+    link_latency_ms: float = 1.0
+    # one side ready, the other not, for this long: the request fails (the transfer layer's
+    # bootstrap / waiting timeouts, DisaggEnvs, 300 s). Breaks the PD hold-and-wait: prefill
+    # memory full of finished prompts waiting for decode pages that decode holds for prompts
+    # the prefill has not computed (decode pre-allocates in arrival order)
+    pd_timeout_s: float = 300.0
+    seed: int = 0
+
+    @property
+    def num_gpus_instances(self) -> int:
+        return self.num_colocated or self.num_prefill + self.num_decode
+
+    def describe(self) -> str:
+        shape = f"{self.num_colocated} colocated" if self.num_colocated else f"{self.num_prefill}P+{self.num_decode}D"
+        return f"{shape} {self.prefill_policy}+{self.decode_policy}{' exact' if self.exact else ''}"
+
+
+@dataclass
+class SimResult:
+    tracks: list[Track]
+    instances: list[Instance]
+    samples: list[tuple[float, list[tuple[int, int, int, float]]]]  # t, per instance (wait, run, park, usage)
+    sim_end_s: float
+    wall_s: float
+    num_events: int
+
+
+def _cfg_for(base: PolicyConfig, role: str, prefill_role: str) -> PolicyConfig:
+    kw: dict = {"role": role}
+    if hasattr(base, "prefill_role"):
+        kw["prefill_role"] = prefill_role
+    return replace(base, **kw)
+
+
+class Cluster:
+    def __init__(self, spec: ClusterSpec, cost: StepCost) -> None:
+        self.spec, self.cost = spec, cost
+        self.transfer = TransferModel(cost.kv_bytes_per_token, spec.link_gb_s * 1e9, spec.link_latency_ms / 1e3)
+        reserved = pages_for(spec.num_reserved_decode_tokens, spec.cfg.page_size)
+
+        def make(i: int, role: str, prole: str = "both") -> Instance:
+            cache = PrefixCache(spec.prefix_cache_tokens) if spec.prefix_cache_tokens and role != "decode" else None
+            return Instance(i, role, _cfg_for(spec.cfg, role, prole), cost, spec.prefill_policy, spec.decode_policy,
+                            spec.exact, cache, reserved)
+
+        if spec.num_colocated:
+            self.front = [make(i, "colocated") for i in range(spec.num_colocated)]
+            self.decodes: list[Instance] = []
+        else:
+            if spec.num_prefill < 1 or spec.num_decode < 1:
+                raise ValueError("a PD cluster needs >= 1 prefill and >= 1 decode instance (or use --colocated N)")
+            roles = spec.prefill_roles or ["both"] * spec.num_prefill
+            if len(roles) != spec.num_prefill:
+                raise ValueError(f"{len(roles)} prefill roles for {spec.num_prefill} prefill instances")
+            self.front = [make(i, "prefill", roles[i]) for i in range(spec.num_prefill)]
+            self.decodes = [make(i, "decode") for i in range(spec.num_decode)]
+        self.pd = not spec.num_colocated
+        self.route_p = create_routing_policy(spec.router_prefill, spec.routing, seed=spec.seed)
+        self.route_d = create_routing_policy(spec.router_decode, spec.routing, seed=spec.seed + 1)
+        self.views_p = [WorkerView(inst.name, "prefill", self._prole(inst)) for inst in self.front]
+        self.views_d = [WorkerView(inst.name, "decode") for inst in self.decodes]
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.on_finish: Callable[[Track], None] | None = None
+        self.num_finished = 0
+
+    @staticmethod
+    def _prole(inst: Instance) -> str:
+        return getattr(inst.cfg, "prefill_role", "both")
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, kind: int, obj: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, obj))
+
+    def _kick(self, inst: Instance) -> None:
+        if inst.step is not None:
+            return
+        end, aborted = inst.start_step(self.now)
+        for r, reason in aborted:
+            self._fail(r.track, reason)
+        if end is not None:
+            self._push(end, _STEP, inst)
+            return
+        hold = inst.sched.hold_deadline
+        if hold is not None and hold > self.now and inst.wake_at != hold:
+            inst.wake_at = hold
+            self._push(hold, _WAKE, inst)
+
+    def _select(self, policy, views: list[WorkerView], insts: list[Instance], a: Arrival) -> Instance:
+        for v, inst in zip(views, insts):
+            v.in_flight = inst.in_flight
+            v.queued_prefill_tokens = inst.queued_tokens
+            v.num_running_reqs = len(inst.sched.running)
+            v.token_usage = inst.token_usage()
+            v.prefill_role = self._prole(inst) if v.kind == "prefill" else v.prefill_role
+        i = policy.select(RouteRequest(a.prompt_len, a.cached_len, self.spec.cfg.slo_ttft_s), views, self.now)
+        if i is None:
+            raise RuntimeError(f"routing policy {policy.name!r} chose no instance for a request")
+        return insts[i]
+
+    def _new_req(self, t: Track, rid: str) -> ClusterReq:
+        cfg = self.spec.cfg
+        return ClusterReq(rid, t.arrival, t.prompt_len, t.output_len, slo_ttft_s=t.slo_ttft_s or cfg.slo_ttft_s,
+                          slo_tpot_s=cfg.slo_tpot_s, cached_len=t.cached_len, track=t)
+
+    def _arrive(self, index: int, a: Arrival) -> Track:
+        t = Track(index, self.now, a.prompt_len, a.output_len, a.hash_ids, a.cached_len, a.source, a.slo_ttft_s)
+        p = self._select(self.route_p, self.views_p, self.front, a)
+        t.p_inst = p.index
+        if p.prefix_cache is not None and a.hash_ids:
+            t.cached_len = max(t.cached_len, p.prefix_cache.match(a.hash_ids, a.prompt_len))
+        t.cached_len = min(t.cached_len, a.prompt_len - 1)
+        preq = self._new_req(t, f"{index}")
+        preq.kv_len = t.cached_len  # prefix hit: KV present (its pages are taken at the first grant)
+        t.preq = preq
+        p.in_flight += 1
+        p.queued_tokens += a.prompt_len - t.cached_len
+        p.add(preq)
+        if self.pd:
+            d = self._select(self.route_d, self.views_d, self.decodes, a)
+            t.d_inst = d.index
+            dreq = self._new_req(t, f"{index}d")
+            t.dreq = dreq
+            d.in_flight += 1
+            d.park_for_decode(dreq)
+            self._poll_decode(d)
+        self._kick(p)
+        return t
+
+    def _poll_decode(self, d: Instance) -> None:
+        for r in d.preallocate():
+            t = r.track
+            t.decode_ready = self.now
+            if t.prefill_done is not None:
+                self._start_transfer(t)
+            else:
+                self._push(self.now + self.spec.pd_timeout_s, _TIMEOUT, t)
+
+    def _start_transfer(self, t: Track) -> None:
+        done = self.transfer.done_at(t.prompt_len, t.last_chunk, t.first_chunk_done or t.prefill_done,
+                                     t.prefill_done, t.decode_ready)
+        t.xfer_started = True
+        self._push(done, _XFER, t)
+
+    def _step_done(self, inst: Instance) -> None:
+        first, done = inst.finish_step(self.now)
+        now = self.now
+        for r in first:
+            t = r.track
+            r.first_token_time = now  # as EngineCore.accept_token (pacing policies read it)
+            if inst.prefix_cache is not None and t.hash_ids:
+                inst.prefix_cache.insert(t.hash_ids)
+            if inst.role == "prefill":
+                t.prefill_done = now
+                inst.sched.park(r)  # pages kept until the transfer ends (PrefillSide.on_first_token)
+                if t.decode_ready is not None:
+                    self._start_transfer(t)
+                else:
+                    self._push(now + self.spec.pd_timeout_s, _TIMEOUT, t)
+            else:
+                t.first_token = now
+                if r.done:
+                    self._finish(inst, r)
+        for r in done:
+            self._finish(inst, r)
+        if inst.role == "decode":
+            self._poll_decode(inst)
+        self._kick(inst)
+
+    def _transfer_done(self, t: Track) -> None:
+        if t.error:
+            return
+        p, d = self.front[t.p_inst], self.decodes[t.d_inst]
+        p.sched.remove(t.preq)
+        t.preq.state = ReqState.FINISHED
+        p.in_flight -= 1
+        d.transferring -= 1
+        t.first_token = self.now
+        r = t.dreq
+        r.n_generated = 1
+        r.first_token_time = self.now  # the first token arrived with the KV
+        if r.done:
+            self._finish(d, r)
+        else:
+            d.sched.start_running(r, kv_len=t.prompt_len)
+        self._poll_decode(d)
+        self._kick(d)
+        self._kick(p)
+
+    def _finish(self, inst: Instance, r: ClusterReq) -> None:
+        inst.sched.remove(r)
+        r.state = ReqState.FINISHED
+        inst.in_flight -= 1
+        t = r.track
+        t.finish = self.now
+        self.num_finished += 1
+        if self.on_finish is not None:
+            self.on_finish(t)
+
+    def _fail(self, t: Track, reason: str) -> None:
+        """A request that can never run: taken out of both sides, its pages freed."""
+        if t.error or t.finish is not None:
+            return
+        t.error = reason
+        for req, insts in ((t.preq, self.front), (t.dreq, self.decodes)):
+            if req is None or req.state is ReqState.FINISHED:
+                continue
+            inst = insts[t.p_inst if req is t.preq else t.d_inst]
+            if req in inst.prealloc:
+                inst.prealloc.remove(req)
+            elif req is t.dreq and req.state is ReqState.PARKED and req.pages:
+                inst.transferring -= 1
+            inst.sched.remove(req)
+            req.state = ReqState.FINISHED
+            inst.in_flight -= 1
+            if inst.role == "decode":
+                self._poll_decode(inst)
+            self._kick(inst)
+        t.finish = self.now
+        self.num_finished += 1
+        if self.on_finish is not None:
+            self.on_finish(t)
+
+    # ------------------------------------------------------------------ run
+    def run(self, workload: Workload, progress: bool = False, sample_s: float | None = None) -> SimResult:
+        wall0 = time.perf_counter()
+        for inst in self.front:
+            if inst.prefix_cache is not None:
+                for ids in workload.warm_hash_ids:
+                    inst.prefix_cache.insert(ids)
+        arrivals = workload.arrivals
+        n = len(arrivals)
+        tracks: list[Track] = []
+        closed = workload.concurrency
+        if closed:
+            pending = list(reversed(arrivals))  # closed loop: pop the next on every finish
+            issue_queue: list[int] = []
+
+            def on_finish(_: Track) -> None:
+                if pending:
+                    issue_queue.append(1)
+
+            self.on_finish = on_finish
+            arrivals = []
+        bar = _progress(n, progress)
+        horizon = arrivals[-1].arrival_s if arrivals else 0.0
+        sample_s = sample_s or max(horizon / 400.0, 0.5)
+        samples: list[tuple[float, list[tuple[int, int, int, float]]]] = []
+        next_sample = 0.0
+        insts = self.front + self.decodes
+        heap = self._heap
+        i = 0
+        events = 0
+        if closed:
+            for _ in range(min(closed, len(pending))):
+                tracks.append(self._arrive(len(tracks), pending.pop()))
+        while True:
+            t_arr = arrivals[i].arrival_s if i < len(arrivals) else math.inf
+            if heap and heap[0][0] <= t_arr:
+                t_ev, _, kind, obj = heapq.heappop(heap)
+                if kind == _TIMEOUT and (obj.xfer_started or obj.finish is not None):  # type: ignore[union-attr]
+                    continue  # stale: the clock must not run on to a timeout that cannot fire
+            elif i < len(arrivals):
+                t_ev, kind, obj = t_arr, -1, None
+            else:
+                break
+            events += 1
+            while next_sample <= t_ev:
+                samples.append((next_sample, [(len(x.sched.waiting), len(x.sched.running),
+                                               len(x.sched.parked), x.token_usage()) for x in insts]))
+                next_sample += sample_s
+            self.now = t_ev
+            if kind == -1:
+                tracks.append(self._arrive(i, arrivals[i]))
+                i += 1
+            elif kind == _STEP:
+                self._step_done(obj)  # type: ignore[arg-type]
+            elif kind == _XFER:
+                self._transfer_done(obj)  # type: ignore[arg-type]
+            elif kind == _TIMEOUT:
+                self._fail(obj, f"KV transfer never started within {self.spec.pd_timeout_s:g} s "  # type: ignore[arg-type]
+                                    "(PD timeout: the other side never got ready)")
+            else:
+                inst = obj
+                inst.wake_at = None  # type: ignore[union-attr]
+                self._kick(inst)  # type: ignore[arg-type]
+            if closed:
+                if not pending:
+                    issue_queue.clear()
+                while issue_queue and pending:  # several may finish in one event
+                    issue_queue.pop()
+                    tracks.append(self._arrive(len(tracks), replace(pending.pop(), arrival_s=self.now)))
+            if bar is not None and events % 4096 == 0:
+                bar.update(self.num_finished - bar.n)
+        if bar is not None:
+            bar.update(n - bar.n)
+            bar.close()
+        for t in tracks:
+            if t.finish is None and not t.error:
+                t.error = "not finished when the simulation ran out of events (stuck)"
+        return SimResult(tracks, insts, samples, self.now, time.perf_counter() - wall0, events)
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # declared dependency; a bare install still runs, without a bar
+        return None
+    return tqdm(total=total, unit="req", desc="simulating", mininterval=0.5)

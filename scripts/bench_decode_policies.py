@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Decode policies back to back on the real engine: continuous, slack, slack+ (issue 21).
+
+    python scripts/bench_decode_policies.py --model-path DIR --load-format dummy \
+        --slo-tpot-ms 150 --num-prompts 32 --out-dir out/decode_policies \
+        [--cost-model-profile PROFILE.json] [--length-mix 6144:256:0.1,384:256:0.9]
+
+One colocated server per policy (prefill steps preempt decode there; PD decode servers see
+none), the same seeded ``bench_serving --dataset-name mix`` workload against each, all requests
+at once; back to back, or all at the same time with ``--concurrent`` (on a shared machine the
+other jobs' load changes between back-to-back runs; run together, the policies share it). Prints TPOT attainment, ITL p99, per-request decode tokens/s (p50, p90), total
+tokens/s, and each policy's ratio to continuous. Timings: say which machine, and whether shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+POLICIES = ("continuous", "slack", "slack+")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: argparse.Namespace, policy: str, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", args.model_path,
+           "--load-format", args.load_format, "--port", str(port), "--decode-policy", policy,
+           "--max-total-tokens", str(args.max_total_tokens), "--slo-tpot-ms", str(args.slo_tpot_ms)]
+    if args.cost_model_profile:
+        cmd += ["--cost-model-profile", args.cost_model_profile]
+    proc = subprocess.Popen(cmd + args.server_arg, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server for {policy} exited; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server for {policy} not healthy in 300 s; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench_cmd(args: argparse.Namespace, url: str, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "sglang_pd.bench_serving", "--base-url", url, "--backend", "sglang",
+           "--dataset-name", "mix", "--length-mix", args.length_mix, "--num-prompts", str(args.num_prompts),
+           "--slo-tpot-ms", str(args.slo_tpot_ms), "--long-threshold", str(args.long_threshold),
+           "--seed", str(args.seed), "--output-file", str(out), "--disable-tqdm", "--output-details"]
+    if args.tokenizer:
+        cmd += ["--tokenizer", args.tokenizer]
+    return cmd
+
+
+def bench(args: argparse.Namespace, url: str, out: Path) -> dict:
+    subprocess.run(bench_cmd(args, url, out), check=True,
+                   stdout=subprocess.DEVNULL if args.quiet else None)
+    return json.loads(out.read_text().splitlines()[-1])
+
+
+def run_concurrently(args: argparse.Namespace, policies: list[str], out_dir: Path) -> dict[str, dict]:
+    """All servers and clients at once: on a shared machine each policy then sees the same
+    interference (run back to back, the load of other jobs differs from run to run)."""
+    servers = [start(args, p, out_dir / f"server_{p}.log") for p in policies]
+    outs = [out_dir / f"{p.replace('+', '_plus')}.jsonl" for p in policies]
+    try:
+        clients = [subprocess.Popen(bench_cmd(args, url, out), stdout=subprocess.DEVNULL)
+                   for (_, url), out in zip(servers, outs)]
+        for c in clients:
+            if c.wait() != 0:
+                raise RuntimeError(f"bench_serving failed: {c.args}")
+    finally:
+        for proc, _ in servers:
+            stop(proc)
+    return {p: json.loads(o.read_text().splitlines()[-1]) for p, o in zip(policies, outs)}
+
+
+def row(policy: str, r: dict, base: dict | None) -> str:
+    def ratio(key: str) -> str:
+        return f"{r[key] / base[key]:.2f}x" if base and base.get(key) else "-"
+    att = r.get("tpot_attainment") or 0.0
+    return (f"{policy:<11}{100 * att:>8.1f}%{r['p99_itl_ms']:>10.1f}{r['median_decode_tps']:>10.2f}"
+            f"{r['p90_decode_tps']:>10.2f}{r['total_throughput']:>10.1f}   p50 {ratio('median_decode_tps')}"
+            f", total {ratio('total_throughput')}, ITL p99 {ratio('p99_itl_ms')}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--slo-tpot-ms", type=float, required=True)
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--length-mix", default="6144:256:0.1,384:256:0.9")
+    ap.add_argument("--long-threshold", type=int, default=2048)
+    ap.add_argument("--max-total-tokens", type=int, default=65536)
+    ap.add_argument("--cost-model-profile", default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--out-dir", default="out/decode_policies")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run the policies' servers and clients at the same time (fair on a shared machine)")
+    ap.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
+    args = ap.parse_args()
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    policies = args.policies.split(",")
+    if args.concurrent:
+        results = run_concurrently(args, policies, out_dir)
+    for policy in [] if args.concurrent else policies:
+        proc, url = start(args, policy, out_dir / f"server_{policy}.log")
+        try:
+            results[policy] = bench(args, url, out_dir / f"{policy.replace('+', '_plus')}.jsonl")
+        finally:
+            stop(proc)
+    base = results.get("continuous")
+    print(f"\nSLO TPOT {args.slo_tpot_ms} ms, {args.num_prompts} requests, mix {args.length_mix}")
+    print(f"{'policy':<11}{'TPOT att':>9}{'ITL p99':>10}{'p50 tok/s':>10}{'p90 tok/s':>10}{'total':>10}"
+          "   (per-request decode tok/s; total tok/s)")
+    for policy, r in results.items():
+        print(row(policy, r, base))
+    (out_dir / "summary.json").write_text(json.dumps({p: {k: r.get(k) for k in (
+        "tpot_attainment", "p99_itl_ms", "median_decode_tps", "p90_decode_tps", "total_throughput",
+        "output_throughput", "duration")} for p, r in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,219 @@
+"""The GPU execution path, checked on CPU: backend registry and "auto", the Triton backend
+(under the Triton interpreter) against the torch backend, CUDA-graph bucketing and padding,
+memory reservation, flags, and that CPU runs stay on the old path.
+
+Triton is in the ``gpu`` extra; tests that run its kernels skip without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+from model_helpers import PagedRequests, make_pool
+from sglang_pd.engine import attention as attn
+from sglang_pd.engine import memory
+from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
+from sglang_pd.engine.cuda_graph import _Statics, decode_batch_buckets, pick_bucket
+from sglang_pd.engine.forward_batch import ForwardMode
+from sglang_pd.server_args import ServerArgs, parse_server_args
+
+try:
+    import triton  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed (the gpu extra)")
+HQ, HKV, D, LAYERS = 8, 2, 16, 2
+
+
+# ---- registry ------------------------------------------------------------------------------
+def test_registry_names_and_cli_choices() -> None:
+    assert {"torch", "triton", "flashinfer", "auto"} <= set(attn.ATTENTION_BACKENDS)
+    assert ServerArgs(model_path="m").attention_backend == "torch"  # the CPU default stays
+    args = parse_server_args(["--model-path", "m", "--attention-backend", "auto",
+                              "--cuda-graph-max-bs", "8", "--disable-cuda-graph"])
+    assert (args.attention_backend, args.cuda_graph_max_bs, args.disable_cuda_graph) == ("auto", 8, True)
+    assert parse_server_args(["--model-path", "m"]).disable_cuda_graph is False
+    with pytest.raises(ValueError, match="cuda-graph-max-bs"):
+        ServerArgs(model_path="m", cuda_graph_max_bs=0)
+
+
+def test_auto_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert attn.resolve_attention_backend("auto", "cpu") == "torch"
+    assert attn.resolve_attention_backend("triton", "cpu") == "triton"  # explicit names stay
+    real = importlib.util.find_spec
+    for present, want in ((True, "flashinfer"), (False, "triton")):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, _p=present: (object() if _p else None) if name == "flashinfer"
+                            else real(name, *a))
+        assert attn.resolve_attention_backend("auto", "cuda:0") == want
+    monkeypatch.undo()
+    assert isinstance(attn.create_attention_backend("auto", "cpu"), TorchAttnBackend)
+
+
+def test_flashinfer_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    with pytest.raises(RuntimeError, match="pip install flashinfer-python"):
+        attn.create_attention_backend("flashinfer")
+
+
+def test_importing_the_registry_loads_no_gpu_library() -> None:
+    code = ("import sys, sglang_pd.engine.attention, sglang_pd.server_args; "
+            "print(sorted(m for m in ('torch', 'triton', 'flashinfer') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ---- Triton backend vs torch backend -------------------------------------------------------
+def _pair(seed: int) -> tuple[PagedRequests, PagedRequests]:
+    """The same requests on the same pages, one pool per backend."""
+    tri = attn.create_attention_backend("triton")
+    return (PagedRequests(make_pool(LAYERS, HKV, D, 64, 4), TorchAttnBackend(), seed=seed),
+            PagedRequests(make_pool(LAYERS, HKV, D, 64, 4), tri, seed=seed))
+
+
+@needs_triton
+def test_triton_backend_matches_torch_backend_extend_then_decode() -> None:
+    ref, tri = _pair(seed=2)
+    gen = torch.Generator().manual_seed(0)
+    steps = [(ForwardMode.EXTEND, {0: 9, 1: 5, 2: 1}), (ForwardMode.EXTEND, {1: 6, 3: 17}),
+             (ForwardMode.DECODE, {0: 1, 1: 1, 2: 1, 3: 1}),
+             (ForwardMode.EXTEND, {0: 1, 4: 7})]  # last: a decode riding with a prompt (mixed)
+    for mode, new in steps:
+        batches = [r.batch(mode, {rid: [0] * n for rid, n in new.items()}) for r in (ref, tri)]
+        t = batches[0].num_tokens
+        for layer in range(LAYERS):
+            q, k, v = (torch.randn(t, h, D, generator=gen) for h in (HQ, HKV, HKV))
+            outs = []
+            for r, b in zip((ref, tri), batches):
+                if layer == 0:
+                    r.backend.init_forward_metadata(b)
+                outs.append(r.backend.forward(q, k, v, layer, b, D**-0.5))
+            torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tri.pool.kv_buffer, ref.pool.kv_buffer)
+    assert not tri.pool.kv_buffer[:, :, 0].any(), "dummy page 0 was written"
+
+
+@needs_triton
+def test_graph_padding_rows_touch_only_the_zero_dummy_page() -> None:
+    """Replay semantics without a GPU: a decode batch padded to a bucket through the graph
+    statics and the backend's static page table gives the eager rows, and page 0 stays zero."""
+    _, tri = _pair(seed=4)
+    backend = tri.backend
+    gen = torch.Generator().manual_seed(1)
+    tri.batch(ForwardMode.EXTEND, {0: [0] * 6, 1: [0] * 11, 2: [0] * 3})  # reserve prompt slots
+    for layer in range(LAYERS):
+        n = sum(tri.seqs[r].length for r in (0, 1, 2))
+        slots = torch.tensor(tri.slots_of(0) + tri.slots_of(1) + tri.slots_of(2))
+        tri.pool.k_cache(layer)[slots] = torch.randn(n, HKV, D, generator=gen)
+        tri.pool.v_cache(layer)[slots] = torch.randn(n, HKV, D, generator=gen)
+    eager = tri.batch(ForwardMode.DECODE, {0: [5], 1: [6], 2: [7]})
+    backend.init_forward_metadata(eager)
+    q, k, v = torch.randn(3, HQ, D, generator=gen), torch.randn(3, HKV, D), torch.randn(3, HKV, D)
+    want = backend.forward(q, k, v, 0, eager, D**-0.5)
+
+    buckets = decode_batch_buckets(8)
+    padded = pick_bucket(buckets, eager.batch_size)
+    assert padded == 4
+    statics = _Statics.allocate(buckets[-1], torch.device("cpu"))
+    backend.init_cuda_graph_state(buckets[-1], 64, tri.pool)
+    static_batch = statics.batch(padded, tri.pool, backend)
+    backend.init_forward_metadata_capture(static_batch)
+    statics.fill(eager, padded)
+    backend.init_forward_metadata_replay(eager, padded)
+    assert statics.out_cache_loc[3] == 0 and statics.lens[0, 3] == 1
+    q_pad = torch.cat([q, torch.randn(1, HQ, D)])
+    k_pad, v_pad = torch.cat([k, torch.ones(1, HKV, D)]), torch.cat([v, torch.ones(1, HKV, D)])
+    got = backend.forward(q_pad, k_pad, v_pad, 0, static_batch, D**-0.5)
+    torch.testing.assert_close(got[:3], want, atol=1e-5, rtol=1e-5)
+    assert not got[3].any(), "a padding row reads only the zero dummy page"
+    assert not tri.pool.kv_buffer[:, :, 0].any(), "a padding row wrote into dummy page 0"
+
+
+@needs_triton
+def test_triton_backend_serves_the_tiny_model_like_torch(tiny_model_factory) -> None:
+    """EngineCore end to end on CPU (interpreter): greedy tokens equal the torch backend's."""
+    from sglang_pd.engine.engine_core import EngineCore
+    from sglang_pd.protocol import GenerateReq, SamplingParams
+
+    prompts = [[11, 12, 13], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [7] * 6]
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+
+    def run(backend: str) -> list[list[int]]:
+        core = EngineCore(ServerArgs(model_path=tiny_model_factory("llama"), page_size=4,
+                                     max_total_tokens=2048, dtype="float32", attention_backend=backend))
+        got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+        for i, ids in enumerate(prompts):
+            core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params, stream=True))
+        for _ in range(200):
+            for out in core.step():
+                assert out.error_status == 0, out.finish_reason
+                got[out.rid].extend(out.new_token_ids)
+            if all(len(t) == 5 for t in got.values()):
+                break
+        return [got[str(i)] for i in range(len(prompts))]
+
+    want = run("torch")
+    assert all(len(t) == 5 for t in want)
+    assert run("triton") == want
+
+
+# ---- graph buckets, memory, CPU runner -----------------------------------------------------
+def test_decode_buckets() -> None:
+    assert decode_batch_buckets(1) == [1]
+    assert decode_batch_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert decode_batch_buckets(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    b = decode_batch_buckets(160)
+    assert pick_bucket(b, 3) == 4 and pick_bucket(b, 17) == 24 and pick_bucket(b, 161) is None
+    with pytest.raises(ValueError):
+        decode_batch_buckets(0)
+
+
+def test_pool_pages_reserves_graph_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: 1000 * 4096)
+    kw = dict(max_total_tokens=None, mem_fraction_static=0.5, device="cuda:0", page_size=4,
+              bytes_per_token=4096)
+    assert memory.pool_pages(**kw) == 500 // 4 + 1
+    assert memory.pool_pages(**kw, reserved_bytes=200 * 4096) == 400 // 4 + 1
+
+
+def test_cpu_runner_keeps_the_host_path() -> None:
+    from sglang_pd.engine.model_runner import ModelRunner
+
+    pool = make_pool(LAYERS, HKV, D)
+    runner = ModelRunner(torch.nn.Identity(), pool, TorchAttnBackend(), cuda_graph_max_bs=160)
+    assert runner.device.type == "cpu" and runner.graph_runner is None and runner._staging is None
+    assert not TorchAttnBackend.supports_cuda_graph
+
+
+def test_one_copy_layout_round_trips() -> None:
+    """The packed layout HostStaging copies in one go gives back every field of the batch."""
+    from sglang_pd.engine.cuda_graph import pack_step, unpack_step
+
+    reqs = PagedRequests(make_pool(LAYERS, HKV, D), TorchAttnBackend(), seed=3)
+    reqs.batch(ForwardMode.EXTEND, {0: [1] * 5, 1: [2] * 2})
+    want = reqs.batch(ForwardMode.EXTEND, {0: [3, 4], 1: [5], 2: [6, 7, 8, 9, 10, 11, 12]})
+    ids, pos, loc = (t.tolist() for t in (want.input_ids, want.positions, want.out_cache_loc))
+    seq, ext = want.seq_lens.tolist(), want.extend_lens.tolist()
+    packed = torch.full((3 * len(ids) + 2 * len(seq) + want.token_slots.numel(),), -1)
+    wide = torch.cat([want.token_slots, torch.zeros_like(want.token_slots)], 1)
+    slots_view = wide[:, : want.token_slots.shape[1]]  # non-contiguous, as ModelRunner's slice is
+    pack_step(packed, ids, pos, loc, seq, ext, slots_view)
+    got = unpack_step(packed, want.mode, seq, ext, tuple(want.token_slots.shape), want.kv_pool,
+                      want.attn_backend)
+    for name in ("input_ids", "positions", "out_cache_loc", "seq_lens", "extend_lens", "token_slots"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.device_lens, torch.stack([want.seq_lens, want.extend_lens]))
+    assert got.seq_lens.device.type == "cpu" and got.extend_lens.device.type == "cpu"
