@@ -1,7 +1,7 @@
 """Step-time models the policies predict with: the prefill model (PLA-Serve §2.1), learned online.
 
-Pure: no torch, no I/O, no clock. Issue 21's decode table belongs in this module too, beside
-``PrefillCostModel`` (its name leaves room for a ``DecodeCostModel``).
+Pure: no torch, no I/O, no clock. The decode step-time table is its sibling,
+``decode_cost_model.py: DecodeCostModel``; both read the one profile (docs/profile.md).
 
 The model (PLA-Serve §2.1). A prefill of L new tokens over H cached/context tokens takes
     T(L, H) = T_comp + T_mem,   T_comp = a·L·(L + 2H) + b·L,   T_mem = g_w·L + g_r·H
