@@ -4,6 +4,7 @@
     python scripts/sim_scenarios.py medha
     python scripts/sim_scenarios.py pla
     python scripts/sim_scenarios.py speed  [--num-requests 100000]
+    python scripts/sim_scenarios.py router [--router-parts mooncake,azure-conv,pla]
 
 kairos: Mooncake conversation windows of 1000 requests (the paper's trace is private), prefix
 hits modelled (per-prefill-instance cache over hash_ids, warm with the trace before the window),
@@ -130,6 +131,83 @@ def pla(a: argparse.Namespace) -> None:
                   flush=True)
 
 
+# router: per trace, the short/long threshold (prompt tokens) and the TTFT SLOs per class (s).
+# Llama-3-8B H100 (analytic profile) prefills 8K tokens alone in 0.36 s, 1K in 0.05 s, 100K in 10.5 s.
+ROUTER_TRACES = {
+    # median prompt 6.9K, none under 512: 8192 makes 55% short; 1 s short = ~3x an 8K prefill
+    # alone; 10 s long covers an isolated prefill up to ~97K tokens (> 99% of the trace)
+    "mooncake": (8192, 1.0, 10.0),
+    # median 1020: 1024 makes 51% short (20% of the tokens); 0.4 s short (PLA's SLO); long
+    # prompts (<= 8K) alone take <= 0.36 s: 2 s
+    "azure-conv": (1024, 0.4, 2.0),
+}
+
+
+def _router_setups(n_p: int, first_roles: list[str]) -> dict[str, tuple[list[str], str, str, bool]]:
+    """label -> (prefill roles, prefill queues, prefill router, pool controller on)."""
+    return {
+        "power_of_two, single queue": (["both"] * n_p, "single", "power_of_two", False),
+        "length_aware, dual, fixed roles": (first_roles, "dual", "length_aware", False),
+        "length_aware, dual + controller": (first_roles, "dual", "length_aware", True),
+    }
+
+
+def _router_run(label: str, roles: list[str], queues: str, router: str, ctrl: bool, wl, n_p: int, n_d: int,
+                threshold: int, slo_s: float, slo_long_s: float | None) -> None:
+    from sglang_pd_router.controller import ControllerConfig
+    from sglang_pd.sim.report import class_ttft
+
+    cfg = PolicyConfig(slo_ttft_ms=slo_s * 1e3, prefill_queues=queues, short_prefill_threshold=threshold)
+    controller = ControllerConfig(queue_ref_s_short=slo_s, queue_ref_s_long=slo_long_s or slo_s) if ctrl else None
+    spec = ClusterSpec(n_p, n_d, prefill_roles=roles, cfg=cfg, router_prefill=router, router_decode="power_of_two",
+                       slo_ttft_s_long=slo_long_s, pool_controller=controller)
+    spec.routing.short_prefill_threshold = threshold
+    res = Cluster(spec, build_cost("llama-3-8b@h100")).run(wl)
+    by = class_ttft(res, slo_s)
+    n = sum(v["n"] for v in by.values())
+    viol = 100 * (1 - sum(v["attainment"] * v["n"] for v in by.values()) / n)
+    parts = "  ".join(f"{c} {100 * (1 - v['attainment']):5.1f}% (p90 {v['ttft_p90_s']:6.2f} s)" for c, v in by.items())
+    failed = sum(1 for t in res.tracks if t.error)
+    moves = f"  moves {len(res.moves)}" if ctrl else ""
+    print(f"  {label:<33} violations {viol:5.1f}%  {parts}  failed {failed}{moves}  ({res.wall_s:.1f} s wall)",
+          flush=True)
+
+
+def router(a: argparse.Namespace) -> None:
+    """Issue 17's simulator bar: length_aware + the pool controller vs power_of_two, 4P+4D,
+    Llama-3-8B H100, per-class TTFT SLOs, on Mooncake and Azure conversation windows (arrival
+    times of the trace, rescaled to each QPS; no prefix cache); and PLA's 8-prefill case
+    (pla-chat, closed loop, one TTFT SLO of 0.4 s for all, threshold 256 new tokens). Decode
+    routing is power_of_two everywhere, so only the prefill side differs. Prints TTFT SLO
+    violations overall and per class (each request against its class's SLO)."""
+    parts = a.router_parts.split(",")
+    for trace in ("mooncake", "azure-conv"):
+        if trace not in parts:
+            continue
+        threshold, slo_s, slo_long_s = ROUTER_TRACES[trace]
+        if trace == "azure-conv" and a.router_azure_threshold:
+            threshold = a.router_azure_threshold
+        qps_list = a.router_qps_mooncake if trace == "mooncake" else a.router_qps_azure
+        print(f"== {trace}, 4P+4D, threshold {threshold} tokens, TTFT SLO short {slo_s:g} s / long {slo_long_s:g} s, "
+              f"window {a.router_window_index} of {a.router_window} requests")
+        for qps in qps_list:
+            wl = from_trace(trace, window=a.router_window, window_index=a.router_window_index, qps=qps)
+            print(f" qps {qps:g}")
+            for label, (roles, queues, rt, ctrl) in _router_setups(4, ["short", "short", "long", "long"]).items():
+                _router_run(label, roles, queues, rt, ctrl, wl, 4, 4, threshold, slo_s, slo_long_s)
+    if "pla" in parts:
+        print("== PLA: pla-chat, 8P+4D, TTFT SLO 0.4 s, threshold 256 new tokens, closed loop")
+        setups = {"power_of_two, single queue": (["both"] * 8, "single", "power_of_two", False),
+                  "length_aware, dual, no roles": (["both"] * 8, "dual", "length_aware", False),
+                  "length_aware, dual 6s/2l + ctrl": (["short"] * 6 + ["long"] * 2, "dual", "length_aware", True),
+                  "length_aware, dual 4s/4l + ctrl": (["short"] * 4 + ["long"] * 4, "dual", "length_aware", True)}
+        for conc in a.router_pla_concurrency:
+            wl = synthetic([("pla-chat", 1.0)], a.pla_requests, concurrency=conc, seed=11)
+            print(f" concurrency {conc}")
+            for label, (roles, queues, rt, ctrl) in setups.items():
+                _router_run(label, roles, queues, rt, ctrl, wl, 8, 4, 256, 0.4, None)
+
+
 def speed(a: argparse.Namespace) -> None:
     wl = synthetic([("sharegpt-lengths", 1.0)], a.num_requests, qps=a.qps, seed=1)
     spec = ClusterSpec(4, 4, cfg=PolicyConfig(slo_ttft_ms=2000, slo_tpot_ms=100))
@@ -142,7 +220,7 @@ def speed(a: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenario", choices=("kairos", "medha", "pla", "speed"))
+    ap.add_argument("scenario", choices=("kairos", "medha", "pla", "speed", "router"))
     ap.add_argument("--out", default="docs/sim")
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--first-window", type=int, default=3)
@@ -152,10 +230,18 @@ def main() -> None:
     ap.add_argument("--medha-requests", type=int, default=400)
     ap.add_argument("--pla-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64])
     ap.add_argument("--pla-requests", type=int, default=3000)
+    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    ap.add_argument("--router-parts", default="mooncake,azure-conv,pla")
+    ap.add_argument("--router-window", type=int, default=2000, help="trace requests per run")
+    ap.add_argument("--router-window-index", type=int, default=1)
+    ap.add_argument("--router-azure-threshold", type=int, help="override azure-conv's 1024 (tokens)")
+    ap.add_argument("--router-qps-mooncake", type=floats, default=[2.0, 3.0, 3.5, 4.0])
+    ap.add_argument("--router-qps-azure", type=floats, default=[60.0, 70.0, 80.0, 90.0])
+    ap.add_argument("--router-pla-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[256, 512, 1024])
     ap.add_argument("--num-requests", type=int, default=100_000)
     ap.add_argument("--qps", type=float, default=30.0)
     a = ap.parse_args()
-    {"kairos": kairos, "medha": medha, "pla": pla, "speed": speed}[a.scenario](a)
+    {"kairos": kairos, "medha": medha, "pla": pla, "speed": speed, "router": router}[a.scenario](a)
 
 
 if __name__ == "__main__":

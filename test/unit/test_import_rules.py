@@ -69,7 +69,7 @@ TORCH_FREE_MECHANISM = ("torch", "zmq", "sglang_pd.models", "sglang_pd.disaggreg
 
 def test_scheduler_and_allocator_are_torch_free() -> None:
     """The simulator drives the very same Scheduler: it may not pull torch or the runtime."""
-    for name in ("scheduler.py", "page_allocator.py", "pd_rules.py"):
+    for name in ("scheduler.py", "page_allocator.py", "pd_rules.py", "load_signals.py"):
         assert _violations(PKG / "engine" / name, TORCH_FREE_MECHANISM) == []
 
 
@@ -79,7 +79,8 @@ def test_sim_is_torch_free() -> None:
 
 def test_sim_uses_only_the_torch_free_engine_mechanism() -> None:
     """sim/ drives the engine's Scheduler, allocator and PD rules, nothing else of the engine."""
-    allowed = {"sglang_pd.engine.scheduler", "sglang_pd.engine.page_allocator", "sglang_pd.engine.pd_rules"}
+    allowed = {"sglang_pd.engine.scheduler", "sglang_pd.engine.page_allocator", "sglang_pd.engine.pd_rules",
+               "sglang_pd.engine.load_signals"}
     bad = []
     for path in (PKG / "sim").rglob("*.py"):
         for name in _imports(path):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from sglang_pd.sim.cli import PolicyPair, add_common, cluster_spec, cost_of, slo_of, workload_of
 from sglang_pd.sim.cluster import Cluster
-from sglang_pd.sim.report import (format_run, metrics, plot_policy_sweep, plot_queues, run_info, summary_record,
+from sglang_pd.sim.report import (class_ttft, format_class_ttft, format_run, metrics, plot_policy_sweep,
+                                  plot_queues, run_info, summary_record,
                                   write_requests)
 from sglang_pd.sim.sweep import PlanCandidate, plan, sweep
 
@@ -28,6 +29,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     results, m = metrics(res, slo_of(a), a.long_threshold)
     info = run_info(res, spec.describe(), a.qps, {"workload": a.trace or a.mix, "profile": a.profile})
     print(format_run(m, info))
+    if spec.slo_ttft_s_long is not None or spec.pool_controller is not None:
+        print("per class (threshold", spec.routing.short_prefill_threshold, "new tokens):")
+        print(format_class_ttft(class_ttft(res, spec.cfg.slo_ttft_s)))
+    if spec.pool_controller is not None:
+        print(f"pool controller: {len(res.moves)} moves" + "".join(
+            f"; t={t:.0f}s {m.url} {m.from_role}->{m.to_role}" for t, m in res.moves[:20]))
     if a.output_dir:
         out = Path(a.output_dir)
         write_requests(out / "requests.jsonl", res)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from sglang_pd_router.controller import ControllerConfig
 from sglang_pd_router.policies import ROUTING_POLICIES, RoutingConfig
 
 from sglang_pd.bench.metrics import SloSpec
@@ -51,12 +52,27 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="PD: one side ready and the other not for this long fails the request (DisaggEnvs)")
     c.add_argument("--prefix-cache-tokens", type=int, default=0,
                    help="prefix cache per prefill instance over hash_ids (512-token blocks); 0 = off")
+    _c = ControllerConfig()
+    c.add_argument("--pool-controller", choices=("on", "off"), default="off",
+                   help="the router's PoolController (PLA Alg. 2) moves prefill instances between the "
+                        "short and long roles (needs --prefill-queues dual and --prefill-role short,...,long)")
+    c.add_argument("--controller-period-s", type=float, default=_c.period_s)
+    c.add_argument("--controller-cooldown-s", type=float, default=_c.cooldown_s)
+    c.add_argument("--controller-tau", type=float, default=_c.tau, help="relative hysteresis")
+    c.add_argument("--controller-delta", type=float, default=_c.delta, help="absolute hysteresis")
+    c.add_argument("--controller-min-per-pool", type=int, default=_c.min_per_pool)
+    c.add_argument("--controller-queue-ref-s", type=float, nargs=2, metavar=("SHORT", "LONG"),
+                   help="predicted queue time counted as full pressure per pool (default: the TTFT SLOs "
+                        "of the classes when given, else the router's defaults)")
     s = p.add_argument_group("scheduling (server flag names)")
     s.add_argument("--prefill-policy", default="fcfs", choices=sorted(PREFILL_POLICIES))
     s.add_argument("--decode-policy", default="continuous", choices=sorted(DECODE_POLICIES))
     s.add_argument("--prefill-queues", default="single", choices=("single", "dual"))
     s.add_argument("--short-prefill-threshold", default=None, help="tokens, or auto")
     s.add_argument("--slo-ttft-ms", type=float)
+    s.add_argument("--slo-ttft-ms-long", type=float,
+                   help="TTFT SLO of long requests (new prompt tokens over --short-prefill-threshold); "
+                        "--slo-ttft-ms is then the short class's (the router's --slo-ttft-ms SHORT LONG)")
     s.add_argument("--slo-tpot-ms", type=float)
     s.add_argument("--chunked-prefill-size", type=int, default=2048)
     s.add_argument("--max-prefill-tokens", type=int, default=16384)
@@ -92,13 +108,28 @@ def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decod
     n_p = a.prefill if num_prefill is None else num_prefill
     if roles is not None and len(roles) == 1:
         roles = roles * n_p
+    controller = None
+    if a.pool_controller == "on":
+        refs = a.controller_queue_ref_s
+        if refs is None and a.slo_ttft_ms and a.slo_ttft_ms_long:
+            refs = (a.slo_ttft_ms / 1e3, a.slo_ttft_ms_long / 1e3)
+        base = ControllerConfig()
+        controller = ControllerConfig(period_s=a.controller_period_s, cooldown_s=a.controller_cooldown_s,
+                                      tau=a.controller_tau, delta=a.controller_delta,
+                                      min_per_pool=a.controller_min_per_pool,
+                                      queue_ref_s_short=refs[0] if refs else base.queue_ref_s_short,
+                                      queue_ref_s_long=refs[1] if refs else base.queue_ref_s_long)
+    if a.slo_ttft_ms_long is not None and not a.slo_ttft_ms_long > 0:
+        raise ValueError(f"--slo-ttft-ms-long must be > 0, got {a.slo_ttft_ms_long}")
     return ClusterSpec(num_prefill=n_p, num_decode=a.decode if num_decode is None else num_decode,
                        num_colocated=a.colocated if num_colocated is None else num_colocated, prefill_roles=roles,
                        prefill_policy=prefill_policy or a.prefill_policy, decode_policy=decode_policy or a.decode_policy,
                        router_prefill=a.router_prefill, router_decode=a.router_decode, routing=routing, cfg=cfg,
                        exact=a.exact if exact is None else exact, prefix_cache_tokens=a.prefix_cache_tokens,
                        num_reserved_decode_tokens=a.num_reserved_decode_tokens, link_gb_s=a.link_gb_s,
-                       link_latency_ms=a.link_latency_ms, pd_timeout_s=a.pd_timeout_s, seed=a.seed)
+                       link_latency_ms=a.link_latency_ms, pd_timeout_s=a.pd_timeout_s,
+                       slo_ttft_s_long=a.slo_ttft_ms_long / 1e3 if a.slo_ttft_ms_long else None,
+                       pool_controller=controller, seed=a.seed)
 
 
 def cost_of(a: argparse.Namespace) -> StepCost:

@@ -6,6 +6,14 @@ at once, as the engine's loop does. A PD request is routed at arrival to one pre
 decode instance (as the PD router does): decode parks it for pre-allocation, prefill queues it;
 the transfer starts once both sides are ready (sim/transfer.py) and its end is the first token
 (the decode engine flushes first tokens as their KV arrives). Colocated instances do both.
+
+With a pool controller (``ClusterSpec.pool_controller``), every control period the router's own
+``PoolController`` gets one ``InstanceSignals`` per short/long prefill instance, built as the
+router builds them from ``/get_load``: queued prefill tokens (the router's count of tokens routed
+there and not yet computed), the TTFT SLO deviation of the instance's class and the busy fraction
+(the engine's ``LoadTracker``). A move switches the instance's role at once (the server's
+``set_prefill_role``); the router's drain-then-switch is simplified away: the dual-queue policy
+serves the other class's leftovers anyway, so nothing is stranded.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from sglang_pd_router.policies import RouteRequest, RoutingConfig, WorkerView, create_routing_policy
+from sglang_pd_router.controller import ControllerConfig, InstanceSignals, PoolController, RoleMove
+from sglang_pd_router.policies import (RouteRequest, RoutingConfig, WorkerView, classify_length,
+                                       create_routing_policy)
 
 from sglang_pd.engine.pd_rules import pages_for
 from sglang_pd.scheduling.config import PolicyConfig
@@ -27,7 +37,7 @@ from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.transfer import TransferModel
 from sglang_pd.sim.workload import Arrival, Workload
 
-_STEP, _XFER, _WAKE, _TIMEOUT = 0, 1, 2, 3
+_STEP, _XFER, _WAKE, _TIMEOUT, _CONTROL = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -52,6 +62,10 @@ class ClusterSpec:
     # memory full of finished prompts waiting for decode pages that decode holds for prompts
     # the prefill has not computed (decode pre-allocates in arrival order)
     pd_timeout_s: float = 300.0
+    # TTFT SLO of long-class requests (new prompt tokens over routing.short_prefill_threshold)
+    # carrying none; short ones get cfg.slo_ttft_ms (the router's per-class --slo-ttft-ms SHORT LONG)
+    slo_ttft_s_long: float | None = None
+    pool_controller: ControllerConfig | None = None  # PLA's Alg. 2 over short/long prefill roles
     seed: int = 0
 
     @property
@@ -71,6 +85,7 @@ class SimResult:
     sim_end_s: float
     wall_s: float
     num_events: int
+    moves: list[tuple[float, RoleMove]] = field(default_factory=list)  # the pool controller's
 
 
 def _cfg_for(base: PolicyConfig, role: str, prefill_role: str) -> PolicyConfig:
@@ -106,6 +121,17 @@ class Cluster:
         self.route_p = create_routing_policy(spec.router_prefill, spec.routing, seed=spec.seed)
         self.route_d = create_routing_policy(spec.router_decode, spec.routing, seed=spec.seed + 1)
         self.views_p = [WorkerView(inst.name, "prefill", self._prole(inst)) for inst in self.front]
+        self.controller: PoolController | None = None
+        self.moves: list[tuple[float, RoleMove]] = []  # (time, move): the controller's history
+        if spec.pool_controller is not None:
+            managed = [inst for inst in self.front if self._prole(inst) in ("short", "long")]
+            if not self.pd or len(managed) < 2:
+                raise ValueError("the pool controller needs a PD cluster with >= 2 prefill instances given "
+                                 "short/long roles (--prefill-role short,...,long)")
+            for inst in managed:
+                if not hasattr(inst.sched.prefill_policy, "set_role"):
+                    raise ValueError("the pool controller switches roles: use --prefill-queues dual")
+            self.controller = PoolController(spec.pool_controller)
         self.views_d = [WorkerView(inst.name, "decode") for inst in self.decodes]
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -115,7 +141,7 @@ class Cluster:
 
     @staticmethod
     def _prole(inst: Instance) -> str:
-        return getattr(inst.cfg, "prefill_role", "both")
+        return inst.prefill_role
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, obj: object) -> None:
@@ -143,7 +169,8 @@ class Cluster:
             v.num_running_reqs = len(inst.sched.running)
             v.token_usage = inst.token_usage()
             v.prefill_role = self._prole(inst) if v.kind == "prefill" else v.prefill_role
-        i = policy.select(RouteRequest(a.prompt_len, a.cached_len, self.spec.cfg.slo_ttft_s), views, self.now)
+        cls = classify_length(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
+        i = policy.select(RouteRequest(a.prompt_len, a.cached_len, self.spec.cfg.slo_ttft_s, cls), views, self.now)
         if i is None:
             raise RuntimeError(f"routing policy {policy.name!r} chose no instance for a request")
         return insts[i]
@@ -155,6 +182,10 @@ class Cluster:
 
     def _arrive(self, index: int, a: Arrival) -> Track:
         t = Track(index, self.now, a.prompt_len, a.output_len, a.hash_ids, a.cached_len, a.source, a.slo_ttft_s)
+        # the class by new tokens, as the servers classify (a known history is not prefilled)
+        t.request_class = classify_length(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
+        if t.slo_ttft_s is None and t.request_class == "long" and self.spec.slo_ttft_s_long is not None:
+            t.slo_ttft_s = self.spec.slo_ttft_s_long
         p = self._select(self.route_p, self.views_p, self.front, a)
         t.p_inst = p.index
         if p.prefix_cache is not None and a.hash_ids:
@@ -198,6 +229,8 @@ class Cluster:
         for r in first:
             t = r.track
             r.first_token_time = now  # as EngineCore.accept_token (pacing policies read it)
+            if inst.role != "decode":
+                inst.record_first_token(r, now)
             if inst.prefix_cache is not None and t.hash_ids:
                 inst.prefix_cache.insert(t.hash_ids)
             if inst.role == "prefill":
@@ -271,6 +304,29 @@ class Cluster:
         if self.on_finish is not None:
             self.on_finish(t)
 
+    # ------------------------------------------------------------------ pool controller
+    def signals(self) -> list[InstanceSignals]:
+        """One per short/long prefill instance, as the router's ``Monitor.signals``."""
+        out = []
+        for inst in self.front:
+            role = inst.prefill_role
+            if role not in ("short", "long"):
+                continue
+            out.append(InstanceSignals(inst.name, role, queued_prefill_tokens=inst.queued_tokens,
+                                       slo_ttft_deviation=inst.loads.mean_deviation(role),
+                                       busy_fraction=inst.loads.busy_fraction(self.now)))
+        return out
+
+    def _control(self) -> None:
+        assert self.controller is not None
+        move = self.controller.step(self.now, self.signals())
+        if move is None:
+            return
+        inst = next(x for x in self.front if x.name == move.url)
+        inst.set_prefill_role(move.to_role)  # immediate (see the module docstring)
+        self.moves.append((self.now, move))
+        self._kick(inst)
+
     # ------------------------------------------------------------------ run
     def run(self, workload: Workload, progress: bool = False, sample_s: float | None = None) -> SimResult:
         wall0 = time.perf_counter()
@@ -301,6 +357,8 @@ class Cluster:
         heap = self._heap
         i = 0
         events = 0
+        if self.controller is not None:
+            self._push(self.spec.pool_controller.period_s, _CONTROL, None)  # type: ignore[union-attr]
         if closed:
             for _ in range(min(closed, len(pending))):
                 tracks.append(self._arrive(len(tracks), pending.pop()))
@@ -327,6 +385,13 @@ class Cluster:
                 self._step_done(obj)  # type: ignore[arg-type]
             elif kind == _XFER:
                 self._transfer_done(obj)  # type: ignore[arg-type]
+            elif kind == _CONTROL:
+                self._control()
+                # keep ticking while anything else can still happen (a stale timeout cannot)
+                if i < len(arrivals) or (closed and pending) or any(
+                        k != _TIMEOUT or not (o.xfer_started or o.finish is not None) for _, _, k, o in heap):
+                    period = self.spec.pool_controller.period_s  # type: ignore[union-attr]
+                    self._push(self.now + period, _CONTROL, None)
             elif kind == _TIMEOUT:
                 self._fail(obj, f"KV transfer never started within {self.spec.pd_timeout_s:g} s "  # type: ignore[arg-type]
                                     "(PD timeout: the other side never got ready)")
@@ -348,7 +413,7 @@ class Cluster:
         for t in tracks:
             if t.finish is None and not t.error:
                 t.error = "not finished when the simulation ran out of events (stuck)"
-        return SimResult(tracks, insts, samples, self.now, time.perf_counter() - wall0, events)
+        return SimResult(tracks, insts, samples, self.now, time.perf_counter() - wall0, events, list(self.moves))
 
 
 def _progress(total: int, enabled: bool):

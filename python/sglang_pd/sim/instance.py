@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from sglang_pd.engine.load_signals import LoadTracker, short_threshold
 from sglang_pd.engine.page_allocator import CountingAllocator
 from sglang_pd.engine.pd_rules import decode_admits, pages_for, whole_prompt_pages
 from sglang_pd.engine.scheduler import ScheduledStep, Scheduler
@@ -36,6 +37,7 @@ class Track:
     cached_len: int = 0
     source: str = ""
     slo_ttft_s: float | None = None
+    request_class: str = ""  # short | long by new prompt tokens (set when the cluster classifies)
     p_inst: int = -1  # prefill (or colocated) instance
     d_inst: int = -1  # decode instance (PD)
     first_chunk_done: float | None = None
@@ -112,6 +114,9 @@ class Instance:
     queued_tokens: int = 0  # prefill tokens routed here and not yet computed (router's view)
     in_flight: int = 0  # requests routed here and not yet done with this instance
     wake_at: float | None = None  # a pending hold deadline wake-up
+    # the server's per-class TTFT SLO deviation and busy fraction (/get_load), for the pool
+    # controller: the engine's own bookkeeping, fed with simulated steps and first tokens
+    loads: LoadTracker = field(default_factory=LoadTracker)
     num_steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -130,6 +135,23 @@ class Instance:
     @property
     def name(self) -> str:
         return f"{self.role[0]}{self.index}"
+
+    @property
+    def prefill_role(self) -> str:
+        """The class this instance serves now: the dual-queue policy's (switchable) role."""
+        return getattr(self.sched.prefill_policy, "role", None) or getattr(self.cfg, "prefill_role", "both")
+
+    def set_prefill_role(self, role: str) -> None:
+        """As ``EngineCore.set_prefill_role`` (the server's /set_prefill_role)."""
+        policy = self.sched.prefill_policy
+        if not hasattr(policy, "set_role"):
+            raise ValueError(f"instance {self.name}: the prefill role can only change with --prefill-queues dual "
+                             "(or a --prefill-role)")
+        policy.set_role(role)  # type: ignore[attr-defined]
+
+    def record_first_token(self, req: ClusterReq, now: float) -> None:
+        """A first token computed here: its (TTFT - SLO) / SLO into its class's deviation."""
+        self.loads.first_token(req, now, short_threshold(self.sched.prefill_policy, self.cfg))
 
     @property
     def busy(self) -> bool:
@@ -202,6 +224,7 @@ class Instance:
         self.step = None
         self.num_steps += 1
         self.busy_s += self.step_s
+        self.loads.step(now, self.step_s)
         first: list[ClusterReq] = []
         decoded: list[ClusterReq]
         if step.mode is ForwardMode.DECODE:

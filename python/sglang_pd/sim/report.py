@@ -38,12 +38,36 @@ def metrics(res: SimResult, slo: SloSpec, long_threshold: int = 8192) -> tuple[l
     return results, compute_metrics(results, max(end - start, 1e-9), slo, long_threshold)
 
 
+def class_ttft(res: SimResult, default_slo_s: float | None) -> dict[str, dict[str, float]]:
+    """Per request class (``Track.request_class``, by new tokens): count, TTFT SLO attainment
+    against each request's own SLO (its class's; ``default_slo_s`` when it carries none; a
+    failed request misses), TTFT p50 / p90 in seconds. Bench's metrics take one SLO for all."""
+    out: dict[str, dict[str, float]] = {}
+    for cls in ("short", "long"):
+        ts = [t for t in res.tracks if t.request_class == cls]
+        if not ts:
+            continue
+        ttfts = sorted(t.first_token - t.arrival for t in ts if not t.error and t.first_token is not None)
+        met = sum(1 for t in ts if not t.error and t.first_token is not None
+                  and (t.slo_ttft_s or default_slo_s or float("inf")) >= t.first_token - t.arrival)
+        pick = (lambda q: ttfts[min(int(q * len(ttfts)), len(ttfts) - 1)] if ttfts else float("nan"))
+        out[cls] = {"n": len(ts), "attainment": met / len(ts), "ttft_p50_s": pick(0.5), "ttft_p90_s": pick(0.9)}
+    return out
+
+
+def format_class_ttft(by_class: dict[str, dict[str, float]]) -> str:
+    return "\n".join(f"{cls:<5} n={v['n']:.0f} TTFT SLO attainment {100 * v['attainment']:5.1f}%  "
+                     f"TTFT p50/p90 {v['ttft_p50_s']:.3f}/{v['ttft_p90_s']:.3f} s" for cls, v in by_class.items())
+
+
 def request_record(t: Track) -> dict[str, Any]:
     ok = not t.error and t.first_token is not None
     tpot = ((t.finish - t.first_token) / (t.output_len - 1)  # type: ignore[operator]
             if ok and t.output_len > 1 else None)
     return {"index": t.index, "arrival_s": t.arrival, "prompt_len": t.prompt_len, "cached_len": t.cached_len,
-            "output_len": t.output_len, "source": t.source, "prefill_instance": t.p_inst,
+            "output_len": t.output_len, "source": t.source,
+            "request_class": t.request_class, "slo_ttft_s": t.slo_ttft_s,
+            "prefill_instance": t.p_inst,
             "decode_instance": t.d_inst, "prefill_done_s": t.prefill_done, "first_token_s": t.first_token,
             "finish_s": t.finish, "ttft_s": (t.first_token - t.arrival) if ok else None, "tpot_s": tpot,
             "e2e_s": (t.finish - t.arrival) if ok and t.finish is not None else None, "error": t.error}
