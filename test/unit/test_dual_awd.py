@@ -126,7 +126,10 @@ def _run(cfg: PolicyConfig, arrivals: list[SimReq], until: float, long_policy: s
                 sched.remove(r)
             continue
         steps.append((now, [(r.rid, n) for r, n in step.plan]))
-        now += model.step_s((n, r.kv_len) for r, n in step.plan)
+        dt = model.step_s((n, r.kv_len) for r, n in step.plan)
+        profile = step.profile(dt, dt)
+        now += dt
+        sched.observe(profile, dt, now)
         for r in sched.after_extend(step.plan):
             done[r.rid] = now
         for r in list(sched.running):
@@ -205,3 +208,18 @@ def test_hold_sets_budget_and_plans_nothing() -> None:
     budget = PrefillBudget(16384, 4096, 64, CountingKV(10**6))
     assert policy.schedule([_short("a", 0.0, 16, slo=1.0)], 0.001, budget) == []
     assert budget.hold_deadline == pytest.approx(0.050)
+
+
+def test_shorts_run_between_long_steps_longer_than_the_wait_bound() -> None:
+    """A long chunk (~92 ms) longer than the long queue's wait bound (50 ms): the bound counts
+    from the END of the last long step, so short batches still run between long chunks (when it
+    counted from the step's start the long queue was overdue again at once and every short
+    waited for the whole long prefill: found on the real CPU engine)."""
+    cfg = _cfg(prefill_long_max_wait_ms=50.0, chunked_prefill_size=4096)
+    shorts = [_sim(f"s{i}", 0.001 + 0.02 * i, 32, slo=0.3) for i in range(20)]
+    steps, done, _ = _run(cfg, [_sim("long", 0.0, 16000)] + shorts, 10.0)
+    kinds = ["long" if plan[0][0] == "long" else "short" for _, plan in steps]
+    first, last = kinds.index("long"), len(kinds) - 1 - kinds[::-1].index("long")
+    between = kinds[first:last + 1]
+    assert "short" in between  # the long prefill did not run its 4 chunks back to back
+    assert max(done[f"s{i}"] - (0.001 + 0.02 * i) for i in range(20)) < 0.3

@@ -14,8 +14,8 @@ chunks; any registry policy works).
 How one instance alternates (PLA-Serve runs each instance in one mode and leaves this open;
 ours): SLA-first across the two heads with a bound on the long queue's wait.
 - AWD wants to dispatch: the short batch runs, unless the long head is overdue (waited more
-  than ``prefill_long_max_wait_ms`` since it arrived or since the last long step): then one
-  long step runs first. So a long prompt advances at least one chunk per bound, whatever the
+  than ``prefill_long_max_wait_ms`` since it arrived or since the last long step ended): then
+  one long step runs first. So a long prompt advances at least one chunk per bound, whatever the
   short traffic.
 - AWD holds (filling a batch): a long chunk runs meanwhile, sized by the cost model to end by
   the moment AWD wants to dispatch (at least ``min_long_chunk`` tokens, so it always advances).
@@ -103,6 +103,13 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         self.long_policy.observe(step, elapsed_s, now)
         if self._own_model:
             self.model.observe(step, elapsed_s, now)
+        # waits are measured from the END of the last step of a class: a long step longer than
+        # the wait bound would otherwise make the long queue overdue again at once, and short
+        # batches would never run between its chunks
+        if self.last_class == "long":
+            self.last_long_step = now
+        elif self.last_class == "short":
+            self.last_short_step = now
 
     # ------------------------------------------------------------------ the step
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
