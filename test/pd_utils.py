@@ -114,22 +114,7 @@ def start_all(model_dir: str, log_dir: Path, n_prefill: int, n_decode: int,
               ) -> tuple[list[Prefill], list[ServerHandle]]:
     """Start the servers in parallel (much of a start is process spawn and imports); on any
     failure stop the ones that did start."""
-    require_nixl()  # here, not only in the worker threads
-    ports = distinct_ports(2 * n_prefill + n_decode)
-    with ThreadPoolExecutor(n_prefill + n_decode) as pool:
-        p_futs = [pool.submit(start_prefill, model_dir, log_dir, *prefill_flags, env=env,
-                              port=ports[2 * i], bootstrap_port=ports[2 * i + 1])
-                  for i in range(n_prefill)]
-        d_futs = [pool.submit(start_decode, model_dir, log_dir, env=env,
-                              port=ports[2 * n_prefill + i]) for i in range(n_decode)]
-        wait(p_futs + d_futs)
-    prefills = [f.result() for f in p_futs if f.exception() is None]
-    decodes = [f.result() for f in d_futs if f.exception() is None]
-    errors = [f.exception() for f in p_futs + d_futs if f.exception() is not None]
-    if errors:
-        stop_all(prefills, decodes)
-        raise errors[0]
-    return prefills, decodes
+    return start_mixed(model_dir, log_dir, [prefill_flags] * n_prefill, n_decode, env=env)
 
 
 def stop_all(prefills: list[Prefill], decodes: list[ServerHandle]) -> None:
@@ -337,8 +322,8 @@ def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: 
 
 def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ...]], n_decode: int,
                 env: dict[str, str] | None = None) -> tuple[list[Prefill], list[ServerHandle]]:
-    """As ``start_all``, with each prefill's own flags (e.g. one ``--prefill-role short``, one
-    ``long``); on any failure stop the ones that did start."""
+    """Start prefills (each with its own flags, e.g. one ``--prefill-role short``, one ``long``)
+    and decodes in parallel; on any failure stop the ones that did start."""
     require_nixl()
     n_prefill = len(prefill_flags)
     ports = distinct_ports(2 * n_prefill + n_decode)

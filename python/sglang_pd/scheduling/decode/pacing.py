@@ -22,6 +22,7 @@ Definitions (docs/decode_scheduling.md):
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Sequence
 
 from sglang_pd.scheduling.config import PolicyConfig
@@ -71,6 +72,6 @@ class SlackDecodePolicy(DecodePolicy):
         keep = set(map(id, chosen))
         return [r for r in running if id(r) in keep]  # running order: deterministic batches
 
+    @abstractmethod
     def choose(self, running: Sequence[R], now: float) -> list[R]:
         """This step's batch; empty means decode every request."""
-        raise NotImplementedError
