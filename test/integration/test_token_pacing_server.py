@@ -62,7 +62,9 @@ def test_streams_follow_the_tpot_pace_only_with_pacing(tmp_path, pacing: bool) -
         assert len(times) == N  # one token per chunk: released one by one
         assert span >= 0.9 * (N - 1) * TPOT_MS / 1e3
         assert span_fast >= 0.9 * (N - 1) * 0.020 and span_fast < span
+        # no bursts (tokens of a burst arrive well under a millisecond apart); the margin is wide
+        # because a token the loaded client reads late shortens its successor's gap
         gaps = [b - a for a, b in zip(times, times[1:])]
-        assert min(gaps) >= 0.5 * TPOT_MS / 1e3  # no bursts
+        assert min(gaps) >= 0.25 * TPOT_MS / 1e3
     else:
         assert span < 0.5 * (N - 1) * TPOT_MS / 1e3
