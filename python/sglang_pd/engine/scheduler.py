@@ -15,7 +15,6 @@ Invariant: allocator.used == pages of waiting + running + parked requests + quar
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -23,6 +22,7 @@ from sglang_pd.engine.page_allocator import Allocator
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
+from sglang_pd.scheduling.waiting import WaitingQueue
 
 
 class SchedulerReq(SchedReq, Protocol):
@@ -87,6 +87,18 @@ class PageAdmission:
     def admit(self, req: SchedulerReq, new_tokens: int) -> None:  # type: ignore[override]
         req.pages.extend(self.allocator.alloc(self.pages_needed(req, new_tokens)))
 
+    def admit_run(self, reqs: Sequence[SchedulerReq], new_tokens: Sequence[int]) -> int:
+        """``can_admit`` then ``admit`` for each in order up to the first refusal (one call for
+        a whole plan: the prefill walk's ``PrefillBudget.grant_run``); how many were admitted."""
+        alloc, ps, head, whole = self.allocator, self.page_size, self.headroom, self.whole_prompt
+        for k, (req, n) in enumerate(zip(reqs, new_tokens)):
+            tokens = req.prefill_target if whole else req.kv_len + n
+            need = max(-(-tokens // ps) - len(req.pages), 0)
+            if need + head > alloc.num_free:
+                return k
+            req.pages.extend(alloc.alloc(need))
+        return len(reqs)
+
 
 class Scheduler:
     def __init__(self, allocator: Allocator, cfg: PolicyConfig, prefill_policy: PrefillPolicy,
@@ -100,7 +112,9 @@ class Scheduler:
         self.max_running = cfg.max_running_requests
         self.chunk_size = cfg.chunked_prefill_size
         self.max_prefill_tokens = max(cfg.max_prefill_tokens, cfg.chunked_prefill_size)
-        self.waiting: list[SchedulerReq] = []  # arrival order
+        # arrival order, with the columns the prefill policies read (scheduling/waiting.py): every
+        # change to a waiting request's lengths goes through here and is written back (refresh)
+        self.waiting: WaitingQueue = WaitingQueue()
         self.running: list[SchedulerReq] = []  # admission order
         self.parked: dict[SchedulerReq, None] = {}  # held outside the queues (PD), insertion order
         self.quarantine: dict[object, list[int]] = {}  # pages a peer may still write, by key
@@ -112,7 +126,7 @@ class Scheduler:
     def add(self, req: SchedulerReq) -> None:
         req.state = ReqState.WAITING
         # arrival order; retracted requests go back in front of later arrivals
-        bisect.insort(self.waiting, req, key=lambda r: r.arrival)
+        self.waiting.add(req)
 
     def all_reqs(self) -> list[SchedulerReq]:
         return self.waiting + self.running + list(self.parked)
@@ -188,6 +202,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.allocator.check_integrity()
+        self.waiting.check()
         held = sum(len(r.pages) for r in self.all_reqs()) + sum(map(len, self.quarantine.values()))
         if held != self.allocator.num_used:
             raise RuntimeError(f"pages held by requests and quarantine ({held}) != pages in use "
@@ -272,6 +287,7 @@ class Scheduler:
     def preempt_prefill(self, req: SchedulerReq) -> None:
         """A waiting request gives back the pages of its partial prefill (recomputed later)."""
         self.release(req)
+        self.waiting.refresh(req)
         self.num_preempted_prefills += 1
 
     def retract(self, req: SchedulerReq) -> None:
@@ -328,6 +344,8 @@ class Scheduler:
                 self.running.append(r)
                 if r.n_generated == 0:
                     need_sample.append(r)
+            else:
+                self.waiting.refresh(r)
         return need_sample
 
     def after_decode(self, reqs: Sequence[SchedulerReq]) -> None:

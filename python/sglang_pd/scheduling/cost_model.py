@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import msgspec
+import numpy as np
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.profile import Profile, load_profile
@@ -219,6 +220,31 @@ class PrefillCostModel:
             else:
                 n = -(-r // chunk)
                 append(n * fixed + a * r * (r + 2 * h) + k * r + gr * (n * h + chunk * n * (n - 1) // 2))
+        return out
+
+    def request_times_array(self, new_tokens: np.ndarray, context_tokens: np.ndarray, chunk: int,
+                            empty_is_zero: bool = False) -> np.ndarray:
+        """``request_times`` over integer arrays (same formula, same operation order, so the same
+        float64 numbers; a request of at most one chunk has n = 1, where n * fixed = fixed and
+        the context term is g_r * H exactly). ``empty_is_zero``: 0 s for no new tokens, as
+        ``request_s`` (``request_times`` charges those one launch)."""
+        c = self.coeffs
+        fixed, a, k, gr = c.launch_s + c.per_req_s, c.a, c.b + c.g_w, c.g_r
+        r, h = new_tokens, context_tokens
+        # every request as one chunk (n = 1: n * fixed = fixed, context sum = H), in place
+        # (issue 20: few array operations); the sums in the formula's order
+        out = a * r
+        out *= r + 2 * h
+        out += fixed
+        out += k * r
+        out += gr * h
+        if len(r) and r.max() > chunk:  # the few longer than a chunk: the chunked formula
+            big = np.flatnonzero(r > chunk)
+            rb, hb = r[big], h[big]
+            n = (rb + (chunk - 1)) // chunk  # ceil
+            out[big] = n * fixed + a * rb * (rb + 2 * hb) + k * rb + gr * (n * hb + chunk * n * (n - 1) // 2)
+        if empty_is_zero:
+            out[r <= 0] = 0.0
         return out
 
     def boundary_tokens(self, context_tokens: int = 0) -> float | None:

@@ -48,7 +48,10 @@ R = TypeVar("R", bound=SchedReq)
 
 
 class KVAdmission(Protocol):
-    """Tokens-level view of free KV memory for admission decisions."""
+    """Tokens-level view of free KV memory for admission decisions. It may also have
+    ``admit_run(reqs, new_tokens) -> int``: ``can_admit`` then ``admit`` for each in order up to
+    the first refusal, returning how many were admitted (one call for a whole plan; without
+    it the budget makes the two calls per request)."""
 
     def can_admit(self, req: SchedReq, new_tokens: int) -> bool: ...
     def admit(self, req: SchedReq, new_tokens: int) -> None: ...
@@ -87,6 +90,31 @@ class PrefillBudget:
         self.new_req_slots -= int(starting)
         self.granted.append((req, n))
         return n
+
+    def grant_run(self, reqs: Sequence[SchedReq], ns: Sequence[int], starting: Sequence[bool]) -> int:
+        """``grant`` of ``ns[j]`` tokens to ``reqs[j]`` for j in order, where the caller has
+        already worked out from the queue's numbers what ``grant`` would give each one, in turn
+        (``ns[j] > 0`` within the token budget and chunk cap left at its turn, a slot for each
+        starting one: ``starting[j]``). Only KV admission is left to ask, request by request
+        as ``grant`` does; stops at the first refusal. Returns how many were granted: the same
+        outcome as those calls to ``grant`` without re-reading each request's lengths
+        (issue 20: decision time)."""
+        admit_run = getattr(self.kv, "admit_run", None)
+        if admit_run is not None:
+            k = admit_run(reqs, ns)
+        else:
+            can, admit = self.kv.can_admit, self.kv.admit
+            k = 0
+            for r, n in zip(reqs, ns):
+                if not can(r, n):
+                    break
+                admit(r, n)
+                k += 1
+        if k:
+            self.token_budget -= sum(ns[:k])
+            self.new_req_slots -= sum(starting[:k])
+            self.granted.extend(zip(reqs[:k], ns[:k]))
+        return k
 
 
 class _Policy(ABC):

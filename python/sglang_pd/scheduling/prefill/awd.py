@@ -41,8 +41,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
+from sglang_pd.scheduling.prefill.common import Queue
 from sglang_pd.scheduling.step import BucketGrid
 from sglang_pd.scheduling.types import R
 
@@ -55,6 +58,9 @@ class AwdDecision:
     hold_until: float | None = None  # when not dispatching: the next moment worth deciding again
     reason: str = ""  # why it dispatched (depth, slack, hol, window, tokens) or held
     round_start: float = 0.0  # when this batching round began (for ``dispatched``)
+    # the batch as positions in the short queue's ``Queue`` (its numbers, for the grants)
+    queue: Queue | None = None
+    positions: np.ndarray | None = None
 
 
 class AwdBatcher:
@@ -78,12 +84,13 @@ class AwdBatcher:
         self._newest_seen = float("-inf")
 
     # ------------------------------------------------------------------ estimates
-    def _note_arrivals(self, short: Sequence[R]) -> None:
+    def _note_arrivals(self, arrivals: np.ndarray) -> None:
         fresh = []
-        for r in reversed(short):  # arrival order: new ones are at the end
-            if r.arrival <= self._newest_seen:
+        for k in range(len(arrivals) - 1, -1, -1):  # arrival order: new ones are at the end
+            a = float(arrivals[k])
+            if a <= self._newest_seen:
                 break
-            fresh.append(r.arrival)
+            fresh.append(a)
         if fresh:
             self._arrivals.extend(reversed(fresh))
             self._newest_seen = fresh[0]
@@ -106,57 +113,76 @@ class AwdBatcher:
         return None if slo is None else req.arrival + slo - self.margin
 
     # ------------------------------------------------------------------ the decision
-    def decide(self, short: Sequence[R], now: float, token_budget: int, slots: int) -> AwdDecision:
-        """What to do with the short queue now. ``short``: short requests in arrival order."""
-        if not short:
+    def decide(self, short: Sequence[R] | Queue, now: float, token_budget: int, slots: int) -> AwdDecision:
+        """What to do with the short queue now. ``short``: short requests in arrival order (a
+        ``Queue`` of them, or any sequence: read into one here). Computed on the queue's
+        columns (issue 20: decision time); the batch is picked by position."""
+        q = short if isinstance(short, Queue) else Queue(short)
+        n = len(q)
+        if not n:
             return AwdDecision([])
-        self._note_arrivals(short)
-        deadlines = [self.deadline(r) for r in short]
-        timed = [i for i, d in enumerate(deadlines) if d is not None]
-        anchor = min(timed, key=deadlines.__getitem__) if timed else 0
-        lengths = [r.prefill_remaining for r in short]
-        pad = self.grid.bucket(lengths[anchor], 1)
-        pad_len = pad[0] if pad is not None else lengths[anchor]
+        self._note_arrivals(q.arrival)
+        arrival, rem = q.arrival, q.rem
+        if self.default_slo is None:  # requests without an SLO have no deadline
+            deadlines = arrival + q.slo - self.margin  # NaN: none
+            anchor = int(np.argmin(np.fmin(deadlines, np.inf)))  # the first of the earliest
+            if deadlines[anchor] != deadlines[anchor]:
+                anchor = -1  # NaN there: no request has a deadline
+        else:
+            deadlines = arrival + q.slos(self.default_slo) - self.margin
+            anchor = int(np.argmin(deadlines))  # the first of the earliest deadlines
+        first = anchor if anchor >= 0 else 0
+        rem_anchor = int(rem[first])
+        pad = self.grid.bucket(rem_anchor, 1)
+        pad_len = pad[0] if pad is not None else rem_anchor
         d_max = max(1, min(self.max_depth(pad_len, token_budget), slots))
         self.depth = min(self.depth, d_max)
-        batch_idx = self._candidate(lengths, anchor, pad_len, d_max)
-        batch = [short[i] for i in batch_idx]
-        s_hat = self.model.step_s((lengths[i], short[i].prefilled_len) for i in batch_idx)
-        round_start = max(self.last_dispatch, short[0].arrival)
-        hol_end = short[0].arrival + self.t_max
+        batch_idx = self._candidate(rem, first, pad_len, d_max)
+        lengths: list[int] = rem[batch_idx].tolist()
+        batch = q.pick(batch_idx)
+        s_hat = self.model.step_s(zip(lengths, q.pre[batch_idx].tolist()))
+        head_arrival = float(arrival[0])
+        round_start = max(self.last_dispatch, head_arrival)
+        hol_end = head_arrival + self.t_max
+        go = AwdDecision(batch, None, "", round_start, q, batch_idx)
         if len(batch) >= self.depth:
-            return self._dispatch(batch, now, round_start, "depth")
+            return self._dispatch(go, "depth")
         if now >= hol_end:
-            return self._dispatch(batch, now, round_start, "hol")
-        if not timed:  # deadline-free: token-max
-            if sum(lengths[i] for i in batch_idx) >= self.min_tokens:
-                return self._dispatch(batch, now, round_start, "tokens")
+            return self._dispatch(go, "hol")
+        if anchor < 0:  # deadline-free: token-max
+            if sum(lengths) >= self.min_tokens:
+                return self._dispatch(go, "tokens")
             return AwdDecision([], hol_end, "tokens")
-        min_slack = min(deadlines[i] - now - s_hat for i in timed)
+        # min over the requests of (deadline - now - S_hat): the earliest deadline's (the
+        # subtraction keeps the order of its operands, so the minimum is the same number)
+        min_slack = float(deadlines[anchor]) - now - s_hat
         if min_slack <= self.sigma:
-            return self._dispatch(batch, now, round_start, "slack")
+            return self._dispatch(go, "slack")
         w_sla = max(0.0, min_slack - self.delta)
         w_gr = max(0, self.depth - len(batch)) / max(self.rate, self.eps)
         t_go = min(max(now + min(w_sla, w_gr), round_start + self.w_min), round_start + self.window)
         if now >= t_go:
-            return self._dispatch(batch, now, round_start, "window")
+            return self._dispatch(go, "window")
         # the slack rule may fire before t_go: wake when it does
         return AwdDecision([], min(t_go, hol_end, now + min_slack - self.sigma), "window")
 
-    def _candidate(self, lengths: Sequence[int], anchor: int, pad_len: int, d_max: int) -> list[int]:
+    def _candidate(self, lengths: np.ndarray, anchor: int, pad_len: int, d_max: int) -> np.ndarray:
         """Bucket-first: the anchor, then requests of its padded length bucket, then shorter
         ones (padded up), arrival order inside each; longer ones wait for their own batch."""
-        same, shorter = [], []
         lower = max((t for t in self.grid.tokens if t < pad_len), default=0)
-        for i, n in enumerate(lengths):
-            if i == anchor or n > pad_len:
-                continue
-            (same if n > lower else shorter).append(i)
-        return ([anchor] + same + shorter)[:d_max]
+        fits = lengths <= pad_len
+        fits[anchor] = False
+        shorter = lengths <= lower
+        same = np.flatnonzero(fits & ~shorter)
+        if len(same) + 1 < d_max:
+            rest = np.flatnonzero(fits & shorter)[: d_max - 1 - len(same)]
+            return np.concatenate(([anchor], same, rest)).astype(np.intp)
+        return np.concatenate(([anchor], same[: d_max - 1])).astype(np.intp)
 
     @staticmethod
-    def _dispatch(batch: list, now: float, round_start: float, reason: str) -> AwdDecision:
-        return AwdDecision(batch, None, reason, round_start)
+    def _dispatch(go: AwdDecision, reason: str) -> AwdDecision:
+        go.reason = reason
+        return go
 
     def dispatched(self, depth: int, now: float, round_start: float) -> None:
         """Alg. 1 lines 12-15 (and our growth rules) after a batch of ``depth`` really went."""

@@ -31,12 +31,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PREFILL_ROLES, PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher, AwdDecision
 from sglang_pd.scheduling.prefill.chunking import largest_chunk
+from sglang_pd.scheduling.prefill.common import Queue
 from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R, SchedReq
+from sglang_pd.scheduling.waiting import WaitingQueue
 
 THRESHOLD_REFRESH_S = 5.0
 
@@ -91,12 +95,29 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         return new <= (self._threshold if req.cached_len <= 0 or self._fixed_threshold is not None
                        else self.threshold(req.cached_len))
 
+    def short_mask(self, q: Queue) -> np.ndarray:
+        """``is_short`` of every request of the queue, from its columns."""
+        new = q.pre + q.rem - q.cached
+        if self._fixed_threshold is not None:
+            return new <= self._fixed_threshold
+        thr = np.full(len(new), self._threshold, dtype=np.int64)
+        hit = np.flatnonzero(q.cached > 0)
+        if len(hit):  # re-prefills over a context: their own boundary (a few; one per context)
+            thr[hit] = [self.threshold(h) for h in q.cached[hit].tolist()]
+        return new <= thr
+
     def partition(self, waiting: Sequence[R]) -> tuple[list[R], list[R]]:
-        short: list[R] = []
-        long: list[R] = []
-        for r in waiting:
-            (short if self.is_short(r) else long).append(r)
-        return short, long
+        q = Queue(waiting)
+        mask = self.short_mask(q)
+        return q.pick(np.flatnonzero(mask)), q.pick(np.flatnonzero(~mask))
+
+    @staticmethod
+    def _part(waiting: Sequence[R], q: Queue, idx: np.ndarray) -> Sequence[R]:
+        """The requests at ``idx``: a ``WaitingQueue`` with its columns taken when the queue has
+        them (the wrapped policy then reads columns too), else a list."""
+        if isinstance(waiting, WaitingQueue):
+            return waiting.subset(idx)
+        return q.pick(idx)
 
     # ------------------------------------------------------------------ learning
     def observe(self, step: StepProfile, elapsed_s: float, now: float) -> None:
@@ -114,54 +135,78 @@ class DualQueuePrefillPolicy(PrefillPolicy):
     # ------------------------------------------------------------------ the step
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         self.refresh_threshold(now)
-        short, long = self.partition(waiting)
-        long_overdue = bool(long) and now - max(long[0].arrival, self.last_long_step) > self.long_max_wait
+        q = Queue(waiting)
+        mask = self.short_mask(q)
+        short_idx, long_idx = np.flatnonzero(mask), np.flatnonzero(~mask)
+        # partitions are built when used (issue 20: decision time); both keep arrival order
+        long_head = float(q.arrival[long_idx[0]]) if len(long_idx) else 0.0
+        long_overdue = len(long_idx) > 0 and now - max(long_head, self.last_long_step) > self.long_max_wait
         if self.role == "long":
-            short_overdue = bool(short) and now - max(short[0].arrival, self.last_short_step) > self.long_max_wait
-            if long and not short_overdue:
-                return self._long(long, now, budget)
-            return self._short_now(short, now, budget)
-        decision = self.awd.decide(short, now, budget.token_budget, self._slots(budget, short))
+            short_overdue = len(short_idx) > 0 and \
+                now - max(float(q.arrival[short_idx[0]]), self.last_short_step) > self.long_max_wait
+            if len(long_idx) and not short_overdue:
+                return self._long(self._part(waiting, q, long_idx), now, budget)
+            return self._short_now(q.sub(short_idx), now, budget)
+        short = q.sub(short_idx)
+        decision = self.awd.decide(short, now, budget.token_budget, budget.new_req_slots + short.n_started)
         if decision.batch and not long_overdue:
             return self._short(decision, now, budget)
-        if long and (long_overdue or not short or self.role == "both"):
-            if short and not long_overdue and decision.hold_until is not None:
+        if len(long_idx) and (long_overdue or not len(short_idx) or self.role == "both"):
+            if len(short_idx) and not long_overdue and decision.hold_until is not None:
                 # fill AWD's wait with a long chunk that ends by its dispatch moment
                 fit = largest_chunk(self.model, decision.hold_until - now - self.model.coeffs.launch_s,
-                                    long[0].prefilled_len, budget.chunk_size)
+                                    int(q.pre[long_idx[0]]), budget.chunk_size)
                 budget.chunk_size = max(min(fit, budget.chunk_size), min(self.min_long_chunk, budget.chunk_size))
-            return self._long(long, now, budget)
+            return self._long(self._part(waiting, q, long_idx), now, budget)
         if decision.batch:
             return self._short(decision, now, budget)
         if decision.hold_until is not None:
             budget.hold_until(decision.hold_until)
         return []
 
-    @staticmethod
-    def _slots(budget: PrefillBudget, short: Sequence[R]) -> int:
-        started = sum(1 for r in short if r.prefilled_len > r.cached_len)
-        return budget.new_req_slots + started
-
-    def _grant_all(self, reqs: Sequence[R], budget: PrefillBudget) -> list[tuple[R, int]]:
-        plan: list[tuple[R, int]] = []
-        for r in reqs:
-            n = budget.grant(r)
-            if n == 0:
-                if r.prefilled_len <= r.cached_len and budget.new_req_slots <= 0:
-                    continue  # no slot for a new one; started ones may still go
-                break  # KV refusal: no backfilling past it
-            plan.append((r, n))
-        return plan
+    def _grant_all(self, reqs: Sequence[R] | Queue, budget: PrefillBudget) -> list[tuple[R, int]]:
+        """``budget.grant`` to each in order: a request that needs a new slot when none is left
+        is skipped (started ones may still go), any other refusal ends it (no backfilling
+        past a KV refusal). Worked out on the numbers, KV asked once (``grant_run``)."""
+        q = reqs if isinstance(reqs, Queue) else Queue(reqs)
+        tokens, slots, chunk = budget.token_budget, budget.new_req_slots, budget.chunk_size
+        rem = q.rem
+        if len(rem) and rem.min() > 0 and rem.max() <= chunk and int(rem.sum()) <= tokens and \
+                len(rem) - q.n_started <= slots:  # the usual batch: each takes all it has left
+            batch = q.take(list(range(len(rem))))
+            ns = rem.tolist()
+            k = budget.grant_run(batch, ns, q.fresh.tolist())
+            return list(zip(batch[:k], ns[:k]))
+        idx: list[int] = []
+        ns: list[int] = []
+        starts: list[bool] = []
+        for k, (rem, fresh) in enumerate(zip(q.rem.tolist(), q.fresh.tolist())):
+            n = min(rem, tokens, chunk)
+            if fresh and slots <= 0:
+                continue  # no slot for a new one; started ones may still go
+            if n <= 0:
+                break
+            idx.append(k)
+            ns.append(n)
+            starts.append(fresh)
+            tokens -= n
+            slots -= fresh
+        if not idx:
+            return []
+        batch = q.take(idx)
+        k = budget.grant_run(batch, ns, starts)  # KV refusal: no backfilling past it
+        return list(zip(batch[:k], ns[:k]))
 
     def _short(self, decision: AwdDecision, now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
-        plan = self._grant_all(decision.batch, budget)
+        src = decision.queue.sub(decision.positions) if decision.queue is not None else decision.batch
+        plan = self._grant_all(src, budget)
         if plan:
             self.awd.dispatched(len(plan), now, decision.round_start)
             self.last_short_step = now
             self.last_class = "short"
         return plan
 
-    def _short_now(self, short: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
+    def _short_now(self, short: Sequence[R] | Queue, now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         plan = self._grant_all(short, budget)
         if plan:
             self.last_short_step = now

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, stable_order
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 
@@ -24,4 +24,4 @@ class EdfPrefillPolicy(DeadlinePolicy):
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        return self.walk(q, sorted(range(len(q)), key=self.deadlines(q).__getitem__), budget, now=now)
+        return self.walk(q, stable_order(self.deadlines(q)), budget, now=now)

@@ -44,9 +44,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
+import numpy as np
+
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
-from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, fcfs_finish
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, fcfs_finish_array, stable_order
 from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, R
 
@@ -83,16 +85,13 @@ class KairosPrefillPolicy(DeadlinePolicy):
         if step.mode is ForwardMode.EXTEND:
             self.mu.add(step.new_tokens, elapsed_s)
 
-    def urgency(self, q: Queue, now: float) -> list[float]:
+    def urgency(self, q: Queue, now: float) -> np.ndarray:
         """u of every request (Alg. 1 lines 4-9), in the queue's (arrival) order."""
         inv_mu = 1.0 / self.mu.tps
-        arrivals = [r.arrival for r in q.reqs]
-        fin = fcfs_finish(arrivals, [n * inv_mu for n in q.rem], now)
-        default, margin = self.default_slo_s, self.margin_s
-        slos = [r.slo_ttft_s or default for r in q.reqs]
-        return [(slo - margin - (f - a)) / slo / max(n, 1) for slo, f, a, n in zip(slos, fin, arrivals, q.rem)]
+        fin = fcfs_finish_array(q.arrival, q.rem * inv_mu, now)
+        slos = q.slos(self.default_slo_s)
+        return (slos - self.margin_s - (fin - q.arrival)) / slos / np.maximum(q.rem, 1)
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        order = sorted(range(len(q)), key=self.urgency(q, now).__getitem__, reverse=True)  # stable
-        return self.walk(q, order, budget, now=now)
+        return self.walk(q, stable_order(self.urgency(q, now), descending=True), budget, now=now)

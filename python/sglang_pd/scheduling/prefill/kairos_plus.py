@@ -41,9 +41,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
-from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, fcfs_finish
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Order, Queue, fcfs_finish_array
+from sglang_pd.scheduling.waiting import WaitingQueue
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 RESCUING, STARVING, URGENT, ON_TIME, SALVAGEABLE, LOST = range(6)
@@ -59,46 +62,60 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         self.starve_factor = self.cfg.prefill_starve_factor
         self._urgent: set = set()  # requests served as urgent: stay so until their prefill ends
 
+    def _served_urgent(self, q: Queue) -> np.ndarray:
+        """Which requests of the queue are in ``self._urgent`` (a few: found by position)."""
+        mask = np.zeros(len(q), dtype=bool)
+        urgent = self._urgent
+        if not urgent:
+            return mask
+        if isinstance(q.reqs, WaitingQueue):
+            for r in urgent:
+                try:
+                    mask[q.reqs.position(r)] = True
+                except ValueError:
+                    pass  # no longer waiting
+        else:
+            mask[:] = [r in urgent for r in q.reqs]
+        return mask
+
     def classify(self, q: Queue, now: float,
-                 step_s: float) -> tuple[list[list[int]], list[float], list[float]]:
-        """Indices by group, each group in its order; and every request's laxity and work."""
-        reqs = q.reqs
+                 step_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every request's group, its key in the group (the order: by group, then key, ties in
+        arrival order), laxity and work."""
         work = self.works(q)
-        arrivals = [r.arrival for r in reqs]
-        fin = fcfs_finish(arrivals, work, now)
-        slos = [r.slo_ttft_s or self.default_slo_s for r in reqs]
-        margin, safety, starve, urgent = self.margin_s, self.SAFETY, self.starve_factor, self._urgent
-        groups: list[list[int]] = [[] for _ in GROUPS]
-        keys = [0.0] * len(reqs)
-        laxity = [0.0] * len(reqs)
-        for i, (a, slo, w, f) in enumerate(zip(arrivals, slos, work, fin)):
-            d = a + slo - margin
-            lax = laxity[i] = d - now - w
-            if lax <= step_s + safety * w and reqs[i] in urgent:
-                g, keys[i] = RESCUING, lax
-            elif now - a >= starve * slo:
-                g, keys[i] = STARVING, a
-            elif 0 <= lax <= step_s + safety * w:
-                g, keys[i] = URGENT, lax
-            elif lax < 0:
-                g, keys[i] = LOST, w
-            elif f <= d:
-                g, keys[i] = ON_TIME, -(d - f) / slo / max(w, 1e-12)  # u descending
-            else:
-                g, keys[i] = SALVAGEABLE, w
-            groups[g].append(i)
-        for g in groups:
-            g.sort(key=keys.__getitem__)  # stable: ties keep arrival order
-        return groups, laxity, work
+        a = q.arrival
+        fin = fcfs_finish_array(a, work, now)
+        slos = q.slos(self.default_slo_s)
+        d = a + slos
+        d -= self.margin_s
+        lax = d - now
+        lax -= work
+        tight = lax <= step_s + self.SAFETY * work
+        # the groups by precedence, lowest written last (as np.select's first true condition)
+        group = np.full(len(a), SALVAGEABLE, dtype=np.int64)
+        group[fin <= d] = ON_TIME
+        lost = lax < 0
+        group[lost] = LOST
+        group[tight & (lax >= 0)] = URGENT
+        group[now - a >= self.starve_factor * slos] = STARVING
+        if self._urgent:
+            group[tight & self._served_urgent(q)] = RESCUING
+        # ON_TIME: u descending; RESCUING, URGENT: laxity; STARVING: arrival; others: work
+        key = np.where(group == ON_TIME, -(d - fin) / slos / np.maximum(work, 1e-12), work)
+        rush = group <= URGENT
+        key[rush] = lax[rush]
+        starving = group == STARVING
+        key[starving] = a[starving]
+        return group, key, lax, work
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
         model = self.model
         step_s = model.request_s(budget.token_budget)  # the next decision comes after one step
-        groups, laxity, work = self.classify(q, now, step_s)
-        order = [i for g in groups for i in g]
-        room = {q.reqs[i]: max(laxity[i] - self.SAFETY * work[i], 0.0)
-                for i in groups[RESCUING] + groups[URGENT]}
+        group, key, laxity, work = self.classify(q, now, step_s)
+        rush = np.flatnonzero((group == RESCUING) | (group == URGENT))
+        rush_room = np.maximum(laxity[rush] - self.SAFETY * work[rush], 0.0).tolist()
+        room = dict(zip(q.pick(rush), rush_room))
         spare: list[float] = []  # seconds the urgent requests in the plan can still give away
 
         def fits(req: R, n: int) -> bool | None:
@@ -111,6 +128,6 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
                 spare[:] = [min(spare[0], room[req])] if spare else [room[req]]
             return True
 
-        plan = self.walk(q, order, budget, fits if room else None, now=now)
+        plan = self.walk(q, Order(key, group), budget, fits if room else None, now=now)
         self._urgent = {r for r in room if r in self._urgent} | {r for r, _ in plan if r in room}
         return plan

@@ -23,22 +23,21 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue
+import numpy as np
+
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, stable_order
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 
 class LarsPrefillPolicy(DeadlinePolicy):
     name = "lars"
 
-    def rhos(self, q: Queue, now: float) -> list[float]:
+    def rhos(self, q: Queue, now: float) -> np.ndarray:
         works = self.works(q)
-        out = []
-        for i, (d, w) in enumerate(zip(self.deadlines(q), works)):
-            # a fresh request's total work is its remaining work (no KV in the pool yet)
-            total = w if q.fresh[i] else self.total_work_s(q.reqs[i])
-            out.append((d - now - w) / max(total, 1e-9))
-        return out
+        # a fresh request's total work is its remaining work (no KV in the pool yet)
+        total = works if q.n_started == 0 else np.where(q.fresh, works, self.total_works(q))
+        return (self.deadlines(q) - now - works) / np.maximum(total, 1e-9)
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        return self.walk(q, sorted(range(len(q)), key=self.rhos(q, now).__getitem__), budget, now=now)
+        return self.walk(q, stable_order(self.rhos(q, now)), budget, now=now)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, stable_order
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 
@@ -24,5 +24,5 @@ class LrsPrefillPolicy(DeadlinePolicy):
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        key = [d - w for d, w in zip(self.deadlines(q), self.works(q))]  # slack + now
-        return self.walk(q, sorted(range(len(q)), key=key.__getitem__), budget, now=now)
+        key = self.deadlines(q) - self.works(q)  # slack + now
+        return self.walk(q, stable_order(key), budget, now=now)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sglang_pd.scheduling.prefill.common import Queue, walk
+from sglang_pd.scheduling.prefill.common import Queue, stable_order, walk
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
 
@@ -21,4 +21,4 @@ class SjfPrefillPolicy(PrefillPolicy):
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        return walk(q, sorted(range(len(q)), key=q.rem.__getitem__), budget, self.cfg.prefill_max_partial)
+        return walk(q, stable_order(q.rem), budget, self.cfg.prefill_max_partial)

@@ -1,0 +1,221 @@
+"""The waiting queue with its numbers kept as columns (issue 20: decision time).
+
+A prefill decision ranks every waiting request, and reading ``SchedReq`` properties request by
+request was most of its cost (hundreds of microseconds at 1,000 waiting). ``WaitingQueue`` IS
+the arrival-ordered list of requests (a ``list`` subclass: every caller that reads a list,
+compares it with one or concatenates it keeps working) and also holds, position for position,
+numpy columns of the numbers the policies read: arrival, TTFT SLO (NaN when the request has
+none, i.e. ``slo_ttft_s`` is falsy: the policies fill their default), prefilled_len,
+cached_len, prefill_remaining. ``scheduling/prefill/common.py: Queue`` reads these columns
+instead of the requests.
+
+Who keeps them right: the owner of the queue (``engine/scheduler.py: Scheduler``) adds and
+removes requests only through the list methods below, which update the columns of the requests
+concerned, and calls ``refresh(req)`` after it changes a waiting request's numbers (a chunk
+extended, a partial prefill released). A request's numbers must not change behind its back while
+it waits; ``check()`` verifies the columns against the requests (tests, integrity checks).
+Mutations that would reorder the list wholesale (sort, reverse, slice assignment) raise.
+Slices and copies are plain lists (no columns): policies fed those read the requests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from sglang_pd.scheduling.types import SchedReq
+
+# float columns, then int columns (one 2-D array each: an insert or removal shifts one block)
+ARRIVAL, SLO = 0, 1
+PREFILLED, CACHED, REMAINING = 0, 1, 2
+_MIN_CAP = 64
+
+
+def _floats(r: SchedReq) -> tuple[float, float]:
+    return r.arrival, (r.slo_ttft_s or math.nan)
+
+
+def _ints(r: SchedReq) -> tuple[int, int, int]:
+    return r.prefilled_len, r.cached_len, r.prefill_remaining
+
+
+class WaitingQueue(list):
+    """Requests in arrival order, with numpy columns of their numbers (module docstring)."""
+
+    def __init__(self, reqs: Iterable[SchedReq] = ()) -> None:
+        super().__init__(reqs)
+        n = super().__len__()
+        cap = max(_MIN_CAP, 2 * n)
+        self._f = np.empty((2, cap), dtype=np.float64)
+        self._i = np.empty((3, cap), dtype=np.int64)
+        self._o = np.empty(cap, dtype=object)
+        for k, r in enumerate(self):
+            self._f[:, k] = _floats(r)
+            self._i[:, k] = _ints(r)
+            self._o[k] = r
+
+    # ------------------------------------------------------------------ columns (views)
+    @property
+    def arrival(self) -> np.ndarray:
+        return self._f[ARRIVAL, : len(self)]
+
+    @property
+    def slo(self) -> np.ndarray:
+        """TTFT SLO in seconds, NaN where the request has none."""
+        return self._f[SLO, : len(self)]
+
+    @property
+    def prefilled(self) -> np.ndarray:
+        return self._i[PREFILLED, : len(self)]
+
+    @property
+    def cached(self) -> np.ndarray:
+        return self._i[CACHED, : len(self)]
+
+    @property
+    def remaining(self) -> np.ndarray:
+        return self._i[REMAINING, : len(self)]
+
+    @property
+    def objects(self) -> np.ndarray:
+        """The requests as an object array (``objects[idx].tolist()`` picks many at C speed)."""
+        return self._o[: len(self)]
+
+    # ------------------------------------------------------------------ finding
+    def position(self, req: SchedReq) -> int:
+        """Index of ``req`` (by identity). O(log n) through the arrival column while the queue is
+        in arrival order (as the Scheduler keeps it); a linear scan otherwise."""
+        n = len(self)
+        a = req.arrival
+        arr = self._f[ARRIVAL, :n]
+        k = int(np.searchsorted(arr, a, side="left")) if n else 0
+        while k < n and arr[k] == a:
+            if list.__getitem__(self, k) is req:
+                return k
+            k += 1
+        for k, r in enumerate(self):  # not in arrival order (built by hand)
+            if r is req:
+                return k
+        raise ValueError(f"request {getattr(req, 'rid', req)!r} is not waiting")
+
+    def __contains__(self, req: object) -> bool:
+        try:
+            self.position(req)  # type: ignore[arg-type]
+        except (ValueError, AttributeError):
+            return list.__contains__(self, req)
+        return True
+
+    # ------------------------------------------------------------------ keeping the columns
+    def _grow(self, need: int) -> None:
+        cap = self._f.shape[1]
+        if need <= cap:
+            return
+        cap = max(need, 2 * cap)
+        n = len(self)
+        f, i, o = np.empty((2, cap), np.float64), np.empty((3, cap), np.int64), np.empty(cap, object)
+        f[:, :n], i[:, :n], o[:n] = self._f[:, :n], self._i[:, :n], self._o[:n]
+        self._f, self._i, self._o = f, i, o
+
+    def insert(self, index: int, req: SchedReq) -> None:  # type: ignore[override]
+        n = len(self)
+        k = min(max(index + n if index < 0 else index, 0), n)
+        self._grow(n + 1)
+        if k < n:  # numpy copies overlapping slices correctly
+            self._f[:, k + 1: n + 1] = self._f[:, k:n]
+            self._i[:, k + 1: n + 1] = self._i[:, k:n]
+            self._o[k + 1: n + 1] = self._o[k:n]
+        self._f[:, k] = _floats(req)
+        self._i[:, k] = _ints(req)
+        self._o[k] = req
+        list.insert(self, k, req)
+
+    def append(self, req: SchedReq) -> None:  # type: ignore[override]
+        self.insert(len(self), req)
+
+    def extend(self, reqs: Iterable[SchedReq]) -> None:  # type: ignore[override]
+        for r in reqs:
+            self.insert(len(self), r)
+
+    def __iadd__(self, reqs: Iterable[SchedReq]) -> "WaitingQueue":  # type: ignore[override]
+        self.extend(reqs)
+        return self
+
+    def add(self, req: SchedReq) -> int:
+        """Insert in arrival order, after requests that arrived at the same time (as
+        ``bisect.insort`` keyed on arrival); return the position."""
+        n = len(self)
+        k = int(np.searchsorted(self._f[ARRIVAL, :n], req.arrival, side="right")) if n else 0
+        self.insert(k, req)
+        return k
+
+    def pop(self, index: int = -1) -> SchedReq:  # type: ignore[override]
+        n = len(self)
+        k = index + n if index < 0 else index
+        if not 0 <= k < n:
+            raise IndexError("pop index out of range")
+        self._f[:, k: n - 1] = self._f[:, k + 1: n]
+        self._i[:, k: n - 1] = self._i[:, k + 1: n]
+        self._o[k: n - 1] = self._o[k + 1: n]
+        self._o[n - 1] = None
+        return list.pop(self, k)
+
+    def remove(self, req: SchedReq) -> None:  # type: ignore[override]
+        self.pop(self.position(req))
+
+    def __delitem__(self, index: int) -> None:  # type: ignore[override]
+        if not isinstance(index, int):
+            raise TypeError("WaitingQueue: delete one request at a time")
+        self.pop(index)
+
+    def clear(self) -> None:
+        self._o[: len(self)] = None
+        list.clear(self)
+
+    def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
+        raise TypeError("WaitingQueue keeps arrival order: use add/insert/remove")
+
+    def sort(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        raise TypeError("WaitingQueue keeps arrival order")
+
+    def reverse(self) -> None:
+        raise TypeError("WaitingQueue keeps arrival order")
+
+    def __imul__(self, n: int) -> "WaitingQueue":  # type: ignore[override]
+        raise TypeError("WaitingQueue holds each request once")
+
+    def refresh(self, req: SchedReq) -> None:
+        """Re-read ``req``'s lengths after they changed (a chunk extended, pages released).
+        Arrival and SLO are fixed while a request waits."""
+        self._i[:, self.position(req)] = _ints(req)
+
+    # ------------------------------------------------------------------ subsets and checks
+    def subset(self, idx: Sequence[int] | np.ndarray) -> "WaitingQueue":
+        """A new queue of ``self[i] for i in idx`` with its columns taken, not re-read (a
+        snapshot for one decision: dual queues hand each class to a policy this way)."""
+        idx = np.asarray(idx, dtype=np.intp)
+        out = WaitingQueue.__new__(WaitingQueue)
+        list.__init__(out, self._o[idx].tolist())
+        m = len(idx)
+        cap = max(_MIN_CAP, m)
+        out._f = np.empty((2, cap), np.float64)
+        out._i = np.empty((3, cap), np.int64)
+        out._o = np.empty(cap, object)
+        out._f[:, :m] = self._f[:, idx]
+        out._i[:, :m] = self._i[:, idx]
+        out._o[:m] = self._o[idx]
+        return out
+
+    def check(self) -> None:
+        """Raise if a column disagrees with its request (a number changed behind the queue)."""
+        n = len(self)
+        for k, r in enumerate(self):
+            f = _floats(r)
+            if (self._f[ARRIVAL, k] != f[0] or self._o[k] is not r
+                    or not (self._f[SLO, k] == f[1] or (math.isnan(f[1]) and math.isnan(self._f[SLO, k])))
+                    or tuple(self._i[:, k].tolist()) != _ints(r)):
+                raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
+                                   f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")
+        if n < self._o.shape[0] and any(x is not None for x in self._o[n:].tolist()):
+            raise RuntimeError("waiting queue holds references past its end")
