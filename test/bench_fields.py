@@ -33,6 +33,7 @@ SGLANG_FIELDS = [
 ]
 OUR_FIELDS = [
     "slo_ttft_ms",
+    "slo_ttft_ms_long",
     "slo_tpot_ms",
     "ttft_attainment",
     "tpot_attainment",

@@ -136,6 +136,19 @@ def test_slo_boundaries_and_absent_slos():
     assert only_ttft.slo_attainment == pytest.approx(0.5)  # joint = the SLOs that were given
 
 
+def test_long_prompts_have_their_own_ttft_slo(results):
+    """--slo-ttft-ms-long: prompts at/above the threshold are held to the long SLO only."""
+    slo = SloSpec(ttft_ms=200.0, tpot_ms=None, ttft_ms_long=600.0, long_threshold=2048)
+    assert slo_checks(results[1], slo) == (True, True)  # long, 500 ms <= 600 ms
+    assert slo_checks(results[1], SloSpec(ttft_ms=200.0)) == (False, True)
+    slow_short = ok(5, 100, 2, 0.3, [0.01], 0.31)  # short, 300 ms: the short SLO applies
+    assert slo_checks(slow_short, slo) == (False, True)
+    m = compute_metrics(results + [slow_short], 2.0, slo, long_threshold=2048)
+    assert m.by_class["long"].ttft_attainment == pytest.approx(1 / 2)  # r1 met, r4 failed
+    assert m.by_class["short"].ttft_attainment == pytest.approx(2 / 4)
+    assert slo.body_for(100) == {"ttft_ms": 200.0} and slo.body_for(4000) == {"ttft_ms": 600.0}
+
+
 def test_empty_and_zero_duration():
     s = summarize([], 0.0, SLO)
     assert s.completed == 0 and s.request_throughput == 0.0 and s.ttft.mean == 0.0

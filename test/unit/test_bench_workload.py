@@ -156,6 +156,9 @@ def test_bodies_carry_ignore_eos_lengths_slo_and_extra():
         "top_k": 1,
     }
     assert native["slo"] == slo and native["rid"] == "a"
+    long_cfg = BackendConfig("sglang", "http://x", slo=slo, slo_ttft_ms_long=900.0, long_threshold=3)
+    assert build_body(long_cfg, spec)["slo"] == {"ttft_ms": 900.0, "tpot_ms": 50.0}  # 3 >= 3: long
+    assert build_body(long_cfg, RequestSpec(1, [5, 6], 2, 9))["slo"] == slo  # short: the base SLO
     oai = build_body(BackendConfig("sglang-oai", "http://x"), RequestSpec(0, "hi", 1, 4))
     assert oai["prompt"] == "hi" and oai["max_tokens"] == 4 and oai["ignore_eos"] is True
     assert oai["stream_options"] == {"include_usage": True} and "slo" not in oai

@@ -106,7 +106,9 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise BenchError("--sweep-rates needs arrivals from a rate: add --ignore-trace-times")
     native = args.backend == "sglang"
     sessions = build_sessions(items, [0.0] * len(heads), factory, native, args.multi_turn)
-    slo = SloSpec(args.slo_ttft_ms, args.slo_tpot_ms)
+    if args.slo_ttft_ms_long is not None and args.slo_ttft_ms is None:
+        raise BenchError("--slo-ttft-ms-long needs --slo-ttft-ms (the short class's SLO)")
+    slo = SloSpec(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_ttft_ms_long, args.long_threshold)
     cfg = BackendConfig(
         backend=args.backend,
         base_url=args.base_url,
@@ -116,6 +118,8 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
         slo={
             k: v for k, v in (("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)) if v is not None
         },
+        slo_ttft_ms_long=args.slo_ttft_ms_long,
+        long_threshold=args.long_threshold,
         extra_body=args.extra_request_body,
     )
     opts = RunOptions(

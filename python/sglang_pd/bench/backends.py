@@ -83,6 +83,9 @@ class BackendConfig:
     stream: bool = True
     request_timeout_s: float = 600.0
     slo: dict[str, float] = field(default_factory=dict)  # {"ttft_ms": .., "tpot_ms": ..}
+    # long prompts' TTFT SLO: prompts of at least long_threshold tokens send this ttft_ms
+    slo_ttft_ms_long: float | None = None
+    long_threshold: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -132,6 +135,8 @@ def build_body(cfg: BackendConfig, spec: RequestSpec) -> dict[str, Any]:
             body["stream_options"] = {"include_usage": True}
     if cfg.slo:
         body["slo"] = dict(cfg.slo)
+    if cfg.slo_ttft_ms_long is not None and spec.prompt_len >= cfg.long_threshold:
+        body["slo"] = {**body.get("slo", {}), "ttft_ms": cfg.slo_ttft_ms_long}
     return deep_merge(body, cfg.extra_body)
 
 

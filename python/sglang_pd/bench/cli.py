@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--slo-tpot-ms", type=float, default=None, help="TPOT SLO (ms), also sent per request"
     )
     g.add_argument(
+        "--slo-ttft-ms-long",
+        type=float,
+        default=None,
+        help="TTFT SLO (ms) of prompts of at least --long-threshold tokens (sent per request); "
+        "--slo-ttft-ms is then the short class's",
+    )
+    g.add_argument(
         "--long-threshold",
         type=int,
         default=2048,

@@ -32,10 +32,25 @@ CLASSES = ("short", "long")
 class SloSpec:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    # long prompts' own TTFT SLO (``--slo-ttft-ms-long``): prompts of at least
+    # ``long_threshold`` tokens are held to it (a long prefill alone can outlast a short SLO)
+    ttft_ms_long: float | None = None
+    long_threshold: int = 0
 
     @property
     def any(self) -> bool:
         return self.ttft_ms is not None or self.tpot_ms is not None
+
+    def ttft_ms_for(self, prompt_len: int) -> float | None:
+        """The TTFT SLO of a request with this many prompt tokens."""
+        if self.ttft_ms_long is not None and prompt_len >= self.long_threshold:
+            return self.ttft_ms_long
+        return self.ttft_ms
+
+    def body_for(self, prompt_len: int) -> dict[str, float]:
+        """The per-request ``slo`` body field (only the set values)."""
+        pairs = (("ttft_ms", self.ttft_ms_for(prompt_len)), ("tpot_ms", self.tpot_ms))
+        return {k: v for k, v in pairs if v is not None}
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,8 @@ def slo_checks(r: RequestResult, slo: SloSpec) -> tuple[bool, bool]:
     """(TTFT met, TPOT met) for one request; a failed request meets neither."""
     if not r.success:
         return False, False
-    ttft_ok = slo.ttft_ms is None or r.ttft_s * 1000.0 <= slo.ttft_ms
+    ttft_ms = slo.ttft_ms_for(r.prompt_len)
+    ttft_ok = ttft_ms is None or r.ttft_s * 1000.0 <= ttft_ms
     tpot = r.tpot_s
     tpot_ok = slo.tpot_ms is None or tpot is None or tpot * 1000.0 <= slo.tpot_ms
     return ttft_ok, tpot_ok

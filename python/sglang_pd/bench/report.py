@@ -73,6 +73,8 @@ def format_summary(m: BenchMetrics, info: dict[str, Any]) -> str:
     out.append(_line("P90 per-request decode (tok/s):", _num(o.decode_tps.p90)))
     out.append(_rule("SLO Attainment"))
     out.append(_line("TTFT SLO (ms):", _num(m.slo.ttft_ms, 1)))
+    if m.slo.ttft_ms_long is not None:
+        out.append(_line("TTFT SLO, long prompts (ms):", _num(m.slo.ttft_ms_long, 1)))
     out.append(_line("TPOT SLO (ms):", _num(m.slo.tpot_ms, 1)))
     out.append(_line("TTFT attainment (%):", _pct(o.ttft_attainment)))
     out.append(_line("TPOT attainment (%):", _pct(o.tpot_attainment)))
@@ -171,6 +173,7 @@ def jsonl_record(
     rec.update(summary_fields(m.overall))
     rec.update(
         slo_ttft_ms=m.slo.ttft_ms,
+        slo_ttft_ms_long=m.slo.ttft_ms_long,
         slo_tpot_ms=m.slo.tpot_ms,
         long_threshold=m.long_threshold,
         by_class={k: summary_fields(v) for k, v in m.by_class.items()},
