@@ -47,6 +47,22 @@ def test_mean_keyed_profile_reads_total_contexts() -> None:
     assert m.step_s(8, 8 * 1000) == pytest.approx(LIN.step_s(8, 8 * 1000), rel=1e-9)
 
 
+def test_padded_attention_costs_every_request_at_the_longest_context() -> None:
+    """The torch backend pads decode attention to the longest request: one 4K request among
+    three 100-token ones costs 4 x 4K there, the sum (4.3K) on paged kernels."""
+    paged, padded = DecodeCostModel.fixed(lin_grid()), DecodeCostModel(grid=lin_grid(), learn=False, padded=True)
+    ctx = [4096, 100, 100, 100]
+    assert paged.batch_s(ctx) == pytest.approx(LIN.step_s(4, sum(ctx)))
+    assert padded.batch_s(ctx) == pytest.approx(LIN.step_s(4, 4 * 4096))
+    assert padded.batch_s([100] * 3) == pytest.approx(paged.batch_s([100] * 3))  # equal: no padding
+    # learning reads the step at the same effective context: a padded step fills the 4 x 4K cell
+    learner = DecodeCostModel(grid=lin_grid(), prior_weight=1.0, scale_window=1, padded=True)
+    learner.observe(decode_step(4, 4396, longest=4096), 2 * LIN.step_s(4, 4 * 4096), 0.0)
+    assert learner.batch_s(ctx) == pytest.approx(2 * LIN.step_s(4, 4 * 4096), rel=0.3)
+    cfg = PolicyConfig(decode_attention_padded=True)
+    assert DecodeCostModel.from_config(cfg).padded and not DecodeCostModel.from_config(PolicyConfig()).padded
+
+
 def test_null_cells_follow_a_linear_fit_of_the_measured_ones() -> None:
     g = lin_grid()
     g.seconds[2][2] = None  # e.g. beyond the pool

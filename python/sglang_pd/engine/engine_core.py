@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -75,11 +76,11 @@ class EngineCore:
                               dtype, args.device)
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
-        self.runner = ModelRunner(self.model, self.kv_pool,
-                                  create_attention_backend(args.attention_backend, args.device),
-                                  cuda_graph_max_bs=graph_bs)
+        attention = create_attention_backend(args.attention_backend, args.device)
+        self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs)
         self.page_size = args.page_size
-        self.policy_config = cfg_p = args.policy_config()
+        self.policy_config = cfg_p = replace(args.policy_config(),
+                                             decode_attention_padded=attention.decode_pads_to_longest)
         self.scheduler = Scheduler(
             self.allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
             create_decode_policy(args.decode_policy, cfg_p),

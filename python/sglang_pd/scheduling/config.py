@@ -46,6 +46,9 @@ class PolicyConfig:
     # slack-guided decode policies (docs/decode_scheduling.md): the TPOT pace assumed for a
     # request without a TPOT SLO, which bounds how long it may be skipped
     decode_no_slo_tpot_ms: float = 1000.0
+    # the engine's decode attention pads every request to the batch's longest context (the
+    # torch backend's one SDPA call): a step then costs as if all had the longest context
+    decode_attention_padded: bool = False
     # Medha App. A.2 adaptive chunking: target step time (ms); None = fixed chunks only
     prefill_time_budget_ms: float | None = None
     # dual queues: the long queue's head waits at most this long behind short batches

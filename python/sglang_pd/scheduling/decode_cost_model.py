@@ -13,6 +13,11 @@ the contexts: a 128K request with three 8K ones costs more than a 128K request w
 ones, which a max key cannot tell apart. We key by the batch's **total** context (KV tokens
 attended over before the step, as ``StepProfile.context_tokens``); a profile may say it was
 keyed by the mean or the max instead (``DecodeGrid.context_key``) and is read that way.
+That holds for paged attention kernels (triton, flashinfer). The CPU torch backend pads every
+request to the longest context in one SDPA call, so there a step costs B x max context
+(``padded=True``, set from ``PolicyConfig.decode_attention_padded``): the model then reads and
+learns every step at that effective total, which is Kairos's max key times the batch size.
+Profiles are measured with equal contexts, where both readings agree.
 
 Learning (Kairos: "the historical mean of all observed step times" per cell). After every pure
 DECODE step ``observe`` moves the step's time to its nearest cell (scaled by the table's own
@@ -133,11 +138,13 @@ class DecodeCostModel:
 
     def __init__(self, prior: DecodeCoeffs = DEFAULT_DECODE_PRIOR,
                  grid: DecodeGrid | None = None, *,
-                 prior_weight: float = 4.0, scale_window: int = 64, learn: bool = True) -> None:
+                 prior_weight: float = 4.0, scale_window: int = 64, learn: bool = True,
+                 padded: bool = False) -> None:
         if not prior_weight > 0 or scale_window < 1:
             raise ValueError(f"prior_weight ({prior_weight}) must be > 0 and scale_window "
                              f"({scale_window}) >= 1")
         self.learn = learn
+        self.padded = padded  # the engine pads decode attention to the longest context
         self.prior_weight = prior_weight
         if grid is not None:
             self.batch_axis = list(grid.batch_sizes)
@@ -173,9 +180,10 @@ class DecodeCostModel:
     @classmethod
     def from_config(cls, cfg: PolicyConfig) -> "DecodeCostModel":
         """The decode section of ``cfg.cost_model_profile``, else the cold-start guess."""
+        padded = cfg.decode_attention_padded
         if not cfg.cost_model_profile:
-            return cls()
-        return cls.from_profile(load_profile(cfg.cost_model_profile))
+            return cls(padded=padded)
+        return cls.from_profile(load_profile(cfg.cost_model_profile), padded=padded)
 
     @classmethod
     def from_profile(cls, profile: Profile, **kwargs) -> "DecodeCostModel":
@@ -187,6 +195,8 @@ class DecodeCostModel:
         return column * batch if self.context_key in ("mean", "max") else column
 
     def _column(self, batch: int, total_ctx: float, max_ctx: float | None) -> float:
+        if self.padded and max_ctx is not None:
+            total_ctx = batch * max_ctx  # every request attends over the longest context
         if self.context_key == "total":
             return total_ctx
         if self.context_key == "mean":

@@ -80,6 +80,8 @@ class TorchAttnBackend(AttentionBackend):
     """Metadata from init_forward_metadata is valid until its next call (the gather buffers
     are shared between steps); steps run one after another."""
 
+    decode_pads_to_longest = True  # one padded SDPA call: batch x longest context
+
     def __init__(self, extend_strategy: str = "auto") -> None:
         if extend_strategy not in EXTEND_STRATEGIES:
             raise ValueError(
