@@ -153,7 +153,12 @@ def test_triton_backend_serves_the_tiny_model_like_torch(tiny_model_factory) -> 
 
     def run(backend: str) -> list[list[int]]:
         core = EngineCore(ServerArgs(model_path=tiny_model_factory("llama"), page_size=4,
-                                     max_total_tokens=2048, dtype="float32", attention_backend=backend))
+                                     max_total_tokens=2048, dtype="float32", attention_backend=backend,
+                                     decode_policy="slack"))
+        # the torch backend pads decode attention to the longest request, paged kernels do not:
+        # the decode policy's cost model is told which (decode_cost_model.py)
+        assert core.policy_config.decode_attention_padded is (backend == "torch")
+        assert core.scheduler.decode_policy.model.padded is (backend == "torch")
         got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
         for i, ids in enumerate(prompts):
             core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params, stream=True))
