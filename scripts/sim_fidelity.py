@@ -2,9 +2,11 @@
 
     python -m sglang_pd.tools.make_dummy_config smollm2-135m /tmp/smollm2-dummy
     python scripts/sim_fidelity.py --model-path /tmp/smollm2-dummy --dummy --make-profile \
-        --profile /tmp/cpu_profile.json --trace TRACE.jsonl --num-prompts 40 --kv-capacity-tokens 32768
+        --profile /tmp/cpu_profile.json --make-trace --trace /tmp/fid.jsonl --num-prompts 40 \
+        --kv-capacity-tokens 32768
 
-0. (``--make-profile``) measures the offline engine into ``--profile`` (until the profiler lands),
+0. (``--make-trace``) writes a seeded Poisson trace; (``--make-profile``) measures this machine's
+   engine with the profiler (``sglang_pd.tools.profile_cost_model``) into ``--profile``,
 
 1. starts a colocated server (``launch_server``, the given model, ``--max-total-tokens``),
 2. replays the trace with ``bench_serving --dataset-name trace --output-details --output-file``,
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -72,81 +75,28 @@ def real_run(a: argparse.Namespace, out: Path) -> dict:
 
 
 def make_profile(a: argparse.Namespace, path: Path) -> Path:
-    """Measure this machine's CPU engine (the offline Engine: the server's EngineCore) and
-    write a profile (docs/profile.md): single prefills over a length grid, decode steps over
-    batch x context. Prefill: the cost model's fit of the EXTEND steps; decode: a least-squares
-    plane t = c0 + c1·B + c2·(total context) over the DECODE steps, written on a grid. A
-    stand-in until the profiler (sglang_pd.tools.profile_cost_model) lands; it times whole
-    steps (``StepProfile.total_s``), which is what the simulator's steps stand for."""
-    from datetime import date
-
-    from sglang_pd.offline_engine import Engine
-    from sglang_pd.scheduling.cost_model import PrefillCostModel, PrefillPoint
-    from sglang_pd.scheduling.profile import (DecodeGrid, PrefillCoeffsSpec, PrefillGrid, Profile, ProfileMeta,
-                                              dump_profile)
-    from sglang_pd.scheduling.step import ForwardMode
-
-    eng = Engine(a.model_path, **server_kwargs(a))
-    core = eng.core
-    params = {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}
-    eng.generate(input_ids=[[7] * 64], sampling_params=params)  # warm-up
-    lengths = [32, 64, 128, 256, 512, 1024]
-    pre: dict[int, list[float]] = {n: [] for n in lengths}
-    fit = PrefillCostModel(prior_weight=0.0, min_samples=1, window=4096)
-    for _ in range(3):
-        for n in lengths:
-            core.step_profiles.clear()
-            eng.generate(input_ids=[[7] * n], sampling_params=params)
-            for sp in core.step_profiles:
-                if sp.mode is ForwardMode.EXTEND:
-                    fit.add_sample(PrefillPoint(sp.batch_size, sp.new_tokens, sp.context_tokens, sp.total_s))
-                    if sp.new_tokens == n and sp.batch_size == 1:
-                        pre[n].append(sp.total_s)
-    samples = []
-    for b in (1, 2, 4, 8, 16):
-        for c in (64, 256, 768):
-            core.step_profiles.clear()
-            eng.generate(input_ids=[[7] * c] * b, sampling_params={**params, "max_new_tokens": 12})
-            samples += [(sp.batch_size, sp.context_tokens, sp.total_s) for sp in core.step_profiles
-                        if sp.mode is ForwardMode.DECODE]
-    eng.shutdown()
-    c0, c1, c2 = _plane(samples)
-    bs, cs = [1, 2, 4, 8, 16, 32, 64], [0, 1024, 4096, 16384, 65536]
-    k = fit.coeffs
-    prof = Profile(
-        schema_version=1,
-        meta=ProfileMeta(model=a.model_path, arch="measured", device="cpu", dtype="float32",
-                         page_size=a.page_size, attention_backend="torch", created=date.today().isoformat(),
-                         tool="scripts/sim_fidelity.py", notes="whole steps (total_s) of the offline engine"),
-        prefill=PrefillGrid(new_tokens=lengths, context_tokens=[0],
-                            seconds=[[sum(pre[n]) / len(pre[n])] for n in lengths],
-                            coeffs=PrefillCoeffsSpec(launch_s=k.launch_s, per_req_s=k.per_req_s, a=k.a,
-                                                     b=k.b + k.g_w, g_w=0.0, g_r=k.g_r)),
-        decode=DecodeGrid(batch_sizes=bs, context_tokens=cs,
-                          seconds=[[max(c0 + c1 * b + c2 * c, 1e-5) for c in cs] for b in bs]),
-    )
-    dump_profile(prof, path)
-    print(f"profile: prefill {k}; decode t = {c0 * 1e3:.2f} ms + {c1 * 1e3:.3f} ms x B + {c2 * 1e6:.3f} us x ctx "
-          f"({len(samples)} decode steps) -> {path}")
+    """Measure this machine's CPU engine with the profiler (``sglang_pd.tools.profile_cost_model``,
+    docs/profile.md) over the lengths and batch sizes this check's trace reaches."""
+    cmd = [sys.executable, "-m", "sglang_pd.tools.profile_cost_model", "--model-path", a.model_path,
+           "--out", str(path), "--page-size", str(a.page_size),
+           "--prefill-new-tokens", "16,64,256,1024", "--prefill-context-tokens", "0,1024",
+           "--prefill-batch-sizes", "1,4", "--decode-batch-sizes", "1,2,4,8,16",
+           "--decode-context-tokens", "256,1024,4096,16384", "--notes", "scripts/sim_fidelity.py"]
+    subprocess.run(cmd + (["--load-format", "dummy"] if a.dummy else []), check=True)
     return path
 
 
-def _plane(samples: list[tuple[int, int, float]]) -> tuple[float, float, float]:
-    """Least squares t = c0 + c1·B + c2·C (normal equations, 3x3)."""
-    rows = [(1.0, float(b), float(c), t) for b, c, t in samples]
-    A = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
-    v = [sum(r[i] * r[3] for r in rows) for i in range(3)]
-    for col in range(3):  # Gaussian elimination with partial pivoting
-        piv = max(range(col, 3), key=lambda r: abs(A[r][col]))
-        A[col], A[piv], v[col], v[piv] = A[piv], A[col], v[piv], v[col]
-        for r in range(col + 1, 3):
-            f = A[r][col] / A[col][col]
-            A[r] = [x - f * y for x, y in zip(A[r], A[col])]
-            v[r] -= f * v[col]
-    x = [0.0] * 3
-    for r in (2, 1, 0):
-        x[r] = (v[r] - sum(A[r][c] * x[c] for c in range(r + 1, 3))) / A[r][r]
-    return x[0], x[1], x[2]
+def make_trace(path: Path, n: int, rate: float, seed: int) -> Path:
+    """A seeded Mooncake-format JSONL (``timestamp`` ms, ``input_length``, ``output_length``):
+    Poisson arrivals at ``rate`` req/s, prompts 64..512 tokens, outputs 16..48."""
+    rng = random.Random(seed)
+    t, lines = 0.0, []
+    for _ in range(n):
+        lines.append(json.dumps({"timestamp": round(t * 1e3), "input_length": rng.randint(64, 512),
+                                 "output_length": rng.randint(16, 48)}))
+        t += rng.expovariate(rate)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def server_kwargs(a: argparse.Namespace) -> dict:
@@ -178,7 +128,11 @@ def main() -> None:
                     "(written first by --make-profile)")
     ap.add_argument("--make-profile", action="store_true", help="measure the offline engine into --profile first")
     ap.add_argument("--dummy", action="store_true", help="--load-format dummy (shapes from config.json)")
-    ap.add_argument("--trace", required=True)
+    ap.add_argument("--trace", required=True, help="Mooncake-format JSONL (written first by --make-trace)")
+    ap.add_argument("--make-trace", action="store_true",
+                    help="write a seeded Poisson trace (--num-prompts, --trace-rate, --seed) into --trace first")
+    ap.add_argument("--trace-rate", type=float, default=0.7)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-prompts", type=int, default=60)
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--port", type=int, default=30123)
@@ -188,6 +142,8 @@ def main() -> None:
     ap.add_argument("--max-running", type=int, default=256)
     a = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="sim_fidelity_"))
+    if a.make_trace:
+        make_trace(Path(a.trace), a.num_prompts, a.trace_rate, a.seed)
     if a.make_profile:
         make_profile(a, Path(a.profile))
     rec = real_run(a, out)

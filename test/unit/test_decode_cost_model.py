@@ -129,3 +129,16 @@ def test_bad_settings_are_refused() -> None:
         DecodeCoeffs(1e-3, 0.0, float("nan"))
     with pytest.raises(ValueError, match="decode_no_slo_tpot_ms"):
         PolicyConfig(decode_no_slo_tpot_ms=0)
+
+
+def test_simulator_reads_a_torch_profile_as_padded(tmp_path) -> None:
+    """The simulator's ground truth from a profile measured on the torch backend pads decode
+    attention like that engine; one from a paged backend sums the contexts."""
+    from sglang_pd.sim.profiles import GridDecode, pads
+
+    for backend, want in (("torch", LIN.step_s(4, 4 * 4096)), ("triton", LIN.step_s(4, 4096 + 300))):
+        meta = ProfileMeta(model="m", arch="LlamaForCausalLM", device="cpu", dtype="float32", page_size=16,
+                           attention_backend=backend, created="2026-11-23")
+        prof = Profile(schema_version=1, meta=meta, decode=lin_grid())
+        truth = GridDecode(prof.decode, padded=pads(prof))
+        assert truth(4, 4096 + 300, 4096) == pytest.approx(want)  # one 4K request, three of 100

@@ -7,6 +7,7 @@ Policy and scheduling flags carry the server's names (``--prefill-policy``, ``--
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from dataclasses import dataclass
 
 from sglang_pd_router.controller import ControllerConfig
@@ -16,7 +17,8 @@ from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.sim.cluster import ClusterSpec
-from sglang_pd.sim.profiles import StepCost, build_cost
+from sglang_pd.scheduling.profile import load_profile
+from sglang_pd.sim.profiles import StepCost, build_cost, pads
 from sglang_pd.sim.workload import Workload, from_trace, parse_mix, synthetic
 
 
@@ -96,6 +98,8 @@ def policy_config(a: argparse.Namespace, prefill_policy: str | None = None) -> P
     if a.short_prefill_threshold is not None:
         text = str(a.short_prefill_threshold).strip().lower()
         kw["short_prefill_threshold"] = None if text == "auto" else int(text)
+    if str(a.profile).endswith(".json") and Path(a.profile).is_file():  # (a missing one: build_cost says)
+        kw["decode_attention_padded"] = pads(load_profile(a.profile))  # the engine pads as profiled
     return PolicyConfig(**kw)
 
 

@@ -20,14 +20,14 @@ coefficients) and a decode model ``decode_s(batch, total context, max context)``
 
 from __future__ import annotations
 
-import bisect
 import random
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from sglang_pd.engine.scheduler import ScheduledStep
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
-from sglang_pd.scheduling.profile import DecodeGrid, load_profile
+from sglang_pd.scheduling.decode_cost_model import DecodeCostModel
+from sglang_pd.scheduling.profile import DecodeGrid, Profile, load_profile
 from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.sim.hardware import HardwareSpec, ModelShape, hardware_spec, model_shape
 
@@ -57,34 +57,19 @@ class DecodeModel:
 
 @dataclass
 class GridDecode:
-    """A profile's decode grid, bilinear in (batch, context figure), extrapolated linearly."""
+    """A profile's decode grid as ground truth: the decode policies' own table reader
+    (``DecodeCostModel``, fixed: bilinear, linear past the edges, null cells from a linear fit).
+    ``padded``: the profiled engine's decode attention pads every request to the longest (the
+    torch backend), so a step costs batch x longest context."""
 
     grid: DecodeGrid
+    padded: bool = False
 
     def __post_init__(self) -> None:
-        g = self.grid
-        self.bs = list(g.batch_sizes)
-        self.cs = list(g.context_tokens)
-        self.t = [[c if c is not None else float("nan") for c in row] for row in g.seconds]
-
-    @staticmethod
-    def _bracket(axis: list[int], x: float) -> tuple[int, int, float]:
-        if len(axis) == 1:
-            return 0, 0, 0.0
-        i = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
-        return i, i + 1, (x - axis[i]) / (axis[i + 1] - axis[i])
+        self.model = DecodeCostModel(grid=self.grid, learn=False, padded=self.padded)
 
     def __call__(self, batch: int, ctx_total: int, ctx_max: int) -> float:
-        key = self.grid.context_key
-        c = ctx_total if key == "total" else ctx_max if key == "max" else ctx_total / max(batch, 1)
-        i0, i1, fb = self._bracket(self.bs, batch)
-        j0, j1, fc = self._bracket(self.cs, c)
-        t = self.t
-
-        def row(i: int) -> float:
-            return t[i][j0] + (t[i][j1] - t[i][j0]) * fc
-
-        return max(row(i0) + (row(i1) - row(i0)) * fb, 1e-6)
+        return max(self.model.step_s(batch, ctx_total, ctx_max), 1e-6)
 
 
 @dataclass
@@ -210,13 +195,18 @@ def kairos_minimax_cost() -> StepCost:
                     base.kv_capacity_tokens)
 
 
+def pads(prof: Profile) -> bool:
+    """Was the profile measured on an engine whose decode attention pads to the longest request?"""
+    return prof.meta.attention_backend == "torch"
+
+
 def profile_cost(path: str, kv_bytes_per_token: float, kv_capacity_tokens: int) -> StepCost:
     """Ground truth from a measured profile JSON (docs/profile.md)."""
     prof = load_profile(path)
     if prof.prefill is None or prof.decode is None:
         raise ValueError(f"{path}: the simulator needs both a prefill and a decode section")
     model = PrefillCostModel.from_profile(prof, learn=False)
-    return StepCost(f"profile:{prof.meta.model}@{prof.meta.device}", model.coeffs, GridDecode(prof.decode),
+    return StepCost(f"profile:{prof.meta.model}@{prof.meta.device}", model.coeffs, GridDecode(prof.decode, padded=pads(prof)),
                     kv_bytes_per_token, kv_capacity_tokens)
 
 
