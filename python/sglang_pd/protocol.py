@@ -173,6 +173,7 @@ class EngineStats(msgspec.Struct):
     engine_stall_s: float = 0.0  # seconds queued work has made no progress (the watchdog's input)
     role: str = "colocated"  # colocated | prefill | decode (not a gauge: a label-like string)
     # PD disaggregation (0 in colocated mode); names as SGLang's metrics
+    num_prefill_bootstrap_queue_reqs: int = 0  # waiting for their decode to register pages
     num_prefill_inflight_queue_reqs: int = 0
     num_decode_prealloc_queue_reqs: int = 0
     num_decode_transfer_queue_reqs: int = 0

@@ -19,7 +19,7 @@ from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.pd import DecodeSide, NullPD, PDHooks, PrefillSide
 from sglang_pd.engine.request import Req, ReqState
 from sglang_pd.engine.scheduler import Scheduler
-from sglang_pd.protocol import BootstrapInfo, GenerateReq, SamplingParams
+from sglang_pd.protocol import BootstrapInfo, EngineStats, GenerateReq, SamplingParams
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
@@ -124,6 +124,20 @@ def _all_free(*engines: FakeEngine) -> None:
         assert e.scheduler.allocator.num_free == e.scheduler.allocator.num_usable
 
 
+def _schedulable(p_eng: FakeEngine, d_eng: FakeEngine, p_req: Req) -> None:
+    """Poll both sides until decode's Register has made ``p_req`` schedulable on prefill."""
+    _poll_until([p_eng, d_eng], lambda: p_req in p_eng.scheduler.waiting, "decode's Register")
+
+
+def _nothing_held(p_eng: FakeEngine) -> None:
+    """Prefill keeps no trace of any request: no room, no bootstrapping entry, no page."""
+    side = p_eng.pd
+    assert isinstance(side, PrefillSide)
+    assert not side.rooms and not side.bootstrapping and not side.started_at and not side.mgr.rooms
+    assert not p_eng.scheduler.all_reqs()
+    _all_free(p_eng)
+
+
 def test_null_pd_queues_requests() -> None:
     eng = FakeEngine(whole_prompt=False)
     eng.pd = NullPD(eng.scheduler)
@@ -139,6 +153,7 @@ def test_transfer_success_parks_then_runs_on_decode(pair) -> None:
     assert d_req in d_eng.scheduler.parked and d_req.pages == []  # waits for pre-allocation
     d_eng.pd.poll(0.0)
     assert len(d_req.pages) == 3  # 10 tokens / 4 per page, registered with prefill
+    _schedulable(p_eng, d_eng, p_req)
     p_eng.run_prefill()  # chunk of 8: whole-prompt pages allocated, first chunk handed off
     assert len(p_req.pages) == 3 and p_req in p_eng.scheduler.waiting
     p_eng.run_prefill()  # last chunk: first token sampled, request parked with its pages
@@ -155,9 +170,10 @@ def test_transfer_success_parks_then_runs_on_decode(pair) -> None:
 def test_decode_abort_quarantines_pages_until_prefill_confirms(pair) -> None:
     p_eng, d_eng, port, _ = pair
     msg = _msg("a", room=8, port=port)
-    _admit(p_eng, msg)
+    p_req = _admit(p_eng, msg)
     d_req = _admit(d_eng, msg)
     d_eng.pd.poll(0.0)
+    _schedulable(p_eng, d_eng, p_req)
     p_eng.run_prefill()  # first chunk in flight
     _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[8].state.acked_at is not None, "ack")
     d_eng.pd.abort(d_req, 0.1)
@@ -180,8 +196,8 @@ def test_prefill_abort_fails_decode_room(pair) -> None:
     p_req = _admit(p_eng, msg)
     _admit(d_eng, msg)
     d_eng.pd.poll(0.0)
+    _schedulable(p_eng, d_eng, p_req)
     p_eng.run_prefill()
-    _poll_until([p_eng, d_eng], lambda: p_eng.pd.mgr.rooms[9].state.bootstrapped, "register")
     p_eng.pd.abort(p_req, 0.1)
     p_eng.finish(p_req, {"type": "abort"})
     _all_free(p_eng)
@@ -250,3 +266,95 @@ def test_decode_respects_max_running_requests(pair) -> None:
     assert list(d_eng.pd.transferring.values()) == [a] and list(d_eng.pd.prealloc) == [b]
     assert b.pages == []
     d_eng.pages_conserved()
+
+
+# ---------------------------------------------------------------- prefill's bootstrap queue
+# A PD request is schedulable on prefill only once decode registered its destination pages
+# (engine/pd_rules.py: prefill_schedulable): no hold-and-wait with decode's FIFO pre-allocation.
+
+
+def test_prefill_schedules_only_after_decode_registers(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    d_eng.pd.max_running = 0  # decode claims the room but reserves no pages yet
+    msg = _msg("a", room=12, port=port)
+    p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
+    for _ in range(20):  # the Claim arrives; prefill still must not schedule it
+        p_eng.pd.poll(0.0)
+        d_eng.pd.poll(0.0)
+        time.sleep(0.002)
+    assert p_req not in p_eng.scheduler.waiting and p_req.pages == []
+    assert p_eng.pd.bootstrapping == {12: p_req} and p_eng.scheduler.find("a") is p_req  # abortable
+    assert p_eng.scheduler.schedule(0.0) is None  # the policy never sees it
+    stats = p_eng.pd.stats()
+    assert stats["num_prefill_bootstrap_queue_reqs"] == 1 and stats["num_prefill_inflight_queue_reqs"] == 0
+    # every key is an EngineStats field: /get_load and /metrics (sglang:<field>) carry it
+    assert EngineStats(0, 0, 0.0, 0.0, 0, 1, **stats).num_prefill_bootstrap_queue_reqs == 1
+    assert p_eng.pd.has_pending
+    d_eng.pd.max_running = 8
+    d_eng.pd.poll(0.0)  # decode reserves pages and registers them
+    assert len(d_req.pages) == 3
+    _schedulable(p_eng, d_eng, p_req)
+    assert p_req.state is ReqState.WAITING and p_req.arrival == 0.0  # its deadline still counts from arrival
+    assert not p_eng.pd.bootstrapping and p_eng.pd.stats()["num_prefill_bootstrap_queue_reqs"] == 0
+    p_eng.run_prefill()
+    p_eng.run_prefill()
+    _poll_until([p_eng, d_eng], lambda: "a" in p_eng.answers and d_req in d_eng.scheduler.running, "transfer")
+    assert p_eng.answers["a"][1] == 0
+    _nothing_held(p_eng)
+
+
+def test_decode_registered_first_is_schedulable_at_once(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    msg = _msg("a", room=13, port=port)
+    _admit(d_eng, msg)
+    d_eng.pd.poll(0.0)  # registers before the request reaches prefill
+    _poll_until([p_eng, d_eng], lambda: p_eng.pd.mgr.decode_registered(13), "register")
+    p_req = _admit(p_eng, msg)
+    assert p_eng.scheduler.waiting == [p_req] and not p_eng.pd.bootstrapping
+    p_eng.run_prefill()
+    p_eng.run_prefill()
+    _poll_until([p_eng, d_eng], lambda: "a" in p_eng.answers, "transfer")
+    _nothing_held(p_eng)
+
+
+def test_health_check_is_schedulable_at_once(pair) -> None:
+    p_eng, _, _, _ = pair
+    req = _admit(p_eng, _msg("health", room=0, port=1, host="2.2.2.2"))  # FAKE_BOOTSTRAP_HOST
+    assert p_eng.scheduler.waiting == [req] and req.bootstrap_room == -1 and not p_eng.pd.bootstrapping
+
+
+def test_abort_while_bootstrapping_leaks_nothing(pair) -> None:
+    p_eng, d_eng, port, _ = pair
+    d_eng.pd.max_running = 0  # decode claims the room, never reserves pages
+    msg = _msg("a", room=14, port=port)
+    _admit(p_eng, msg)
+    d_req = _admit(d_eng, msg)
+    _poll_until([p_eng, d_eng], lambda: p_eng.pd.mgr.rooms[14].state.claimed, "claim")
+    req = p_eng.scheduler.find("a")  # as EngineCore.abort (and shutdown: every request) finds it
+    assert req is not None and req.bootstrap_room in p_eng.pd.bootstrapping
+    p_eng.pd.abort(req, 0.0)
+    p_eng.finish(req, {"type": "abort", "message": "aborted by the client"})
+    assert p_eng.answers["a"][0]["type"] == "abort"
+    # the decode that claimed the room hears of it and answers its client too
+    _poll_until([p_eng, d_eng], lambda: "a" in d_eng.answers and not p_eng.pd.mgr.rooms, "abort")
+    assert d_eng.answers["a"][1] in (502, 503) and d_req not in d_eng.pd.prealloc
+    _nothing_held(p_eng)
+    _all_free(d_eng)
+    assert not d_eng.scheduler.all_reqs()
+    # the room number is free for a new request
+    again = _admit(p_eng, _msg("b", room=14, port=port))
+    assert p_eng.pd.bootstrapping == {14: again}
+
+
+def test_bootstrap_timeout_fails_a_bootstrapping_request_and_leaks_nothing(pair) -> None:
+    p_eng, _, port, _ = pair
+    _admit(p_eng, _msg("a", room=15, port=port))  # its decode never registers
+    p_eng.pd.poll(0.0)
+    assert "a" not in p_eng.answers
+    p_eng.now = ENVS.bootstrap_timeout + 1.0
+    _poll_until([p_eng], lambda: "a" in p_eng.answers, "bootstrap timeout")
+    reason, status = p_eng.answers["a"]
+    assert status == 503 and "did not register" in reason["message"]
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in reason["message"]
+    assert p_eng.pd.stats()["num_bootstrap_failed_reqs_total"] == 1
+    _nothing_held(p_eng)

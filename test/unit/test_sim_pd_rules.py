@@ -1,6 +1,7 @@
 """The simulator's PD rules are the engine's (issue 16, interface 3): engine/pd_rules.py is the
 one definition, and the engine's DecodeSide and the simulator's decode instance, fed the same
-requests and pool, pre-allocate the same requests in the same order."""
+requests and pool, pre-allocate the same requests in the same order. A prefill instance
+schedules a PD request only once its decode has pre-allocated (no hold-and-wait)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,20 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from sglang_pd.engine.page_allocator import CountingAllocator
 from sglang_pd.engine.pd import DecodeSide
-from sglang_pd.engine.pd_rules import decode_admits, whole_prompt_pages
+from sglang_pd.engine.pd_rules import decode_admits, prefill_schedulable, whole_prompt_pages
 from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.cost_model import PrefillCoeffs
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
+from sglang_pd.sim.cluster import Cluster, ClusterSpec, SimResult
 from sglang_pd.sim.instance import ClusterReq, Instance, Track
-from sglang_pd.sim.profiles import build_cost
+from sglang_pd.sim.profiles import StepCost, build_cost
+from sglang_pd.sim.workload import Arrival, Workload, synthetic
 
 PKG = Path(__file__).resolve().parents[2] / "python" / "sglang_pd"
 PAGE, PAGES, RESERVED, MAX_RUNNING = 4, 41, 2, 3
@@ -100,5 +106,88 @@ def _calls(path: Path) -> set[str]:
 def test_engine_and_sim_call_the_one_rule() -> None:
     for path in (PKG / "engine" / "pd.py", PKG / "sim" / "instance.py"):
         assert "decode_admits" in _calls(path), path
+        assert "prefill_schedulable" in _calls(path), path
     for path in (PKG / "engine" / "engine_core.py", PKG / "sim" / "instance.py"):
         assert "whole_prompt_pages" in _calls(path), path
+
+
+# ---------------------------------------------------------------- prefill waits for decode
+
+
+def test_prefill_schedulable_rule() -> None:
+    assert not prefill_schedulable(decode_reserved=False)
+    assert prefill_schedulable(decode_reserved=True)
+    assert prefill_schedulable(decode_reserved=False, runs_locally=True)  # health checks
+
+
+class _Checked(Cluster):
+    """At every instance kick: a prefill instance's scheduler (waiting, running, parked) holds
+    only requests whose decode has pre-allocated, and its holding area only the others."""
+
+    max_held = 0
+
+    def _kick(self, inst: Instance) -> None:
+        if inst.role == "prefill":
+            for r in inst.sched.all_reqs():
+                assert r.track.decode_ready is not None, r.rid
+            for r in inst.bootstrapping:
+                assert r.track.decode_ready is None and not r.pages, r.rid
+            self.max_held = max(self.max_held, len(inst.bootstrapping))
+        super()._kick(inst)
+
+
+def _conserved(res: SimResult) -> None:
+    for inst in res.instances:
+        s = inst.sched
+        s.check_integrity()
+        assert s.allocator.num_used == 0, inst.name
+        assert not (s.waiting or s.running or s.parked or inst.prealloc or inst.bootstrapping), inst.name
+        assert inst.transferring == 0 and inst.in_flight == 0, inst.name
+
+
+def test_memory_tight_priority_pd_has_no_hold_and_wait() -> None:
+    """kairos on prefill, slack on decode, a decode pool of a few requests: before the rule,
+    146 of these 200 requests timed out (prefill full of finished prompts without decode pages,
+    decode's pages reserved for prompts kairos had not run) and the run took 4546 simulated s."""
+    spec = ClusterSpec(num_prefill=1, num_decode=1, prefill_policy="kairos", decode_policy="slack",
+                       cfg=PolicyConfig(slo_ttft_ms=2000, slo_tpot_ms=100, max_running_requests=64))
+    wl = synthetic([("sharegpt-lengths", 0.9), ("fixed:6000:300", 0.1)], 200, qps=2.0, seed=3)
+    cluster = _Checked(spec, build_cost("llama-3-8b@h100", kv_capacity_tokens=20_000))
+    res = cluster.run(wl)
+    assert [t.error for t in res.tracks if t.error] == []
+    assert all(t.first_token is not None and t.finish is not None for t in res.tracks)
+    assert cluster.max_held > 0  # decode memory did hold requests back from prefill
+    assert all(t.decode_ready <= t.first_chunk_done for t in res.tracks)  # type: ignore[operator]
+    assert res.sim_end_s < 300  # 200 requests at 2/s: no 300 s timeout was waited out
+    _conserved(res)
+
+
+def _toy_cost(capacity: int) -> StepCost:
+    """Prefill step: 0.1 s + 1 ms per token; decode step: 10 ms; 1000 bytes of KV per token."""
+    return StepCost("toy", PrefillCoeffs(launch_s=0.1, b=0.001), lambda b, ctx, cmax: 0.01, 1000.0, capacity)
+
+
+def test_decode_never_reserving_fails_with_the_bootstrap_timeout_unprefilled() -> None:
+    """The first request fills most of decode's pool for ~4 s; the second's decode cannot
+    reserve its pages within the PD timeout (1 s): it fails without ever being prefilled; the
+    third queues behind it (decode is FIFO) and does not fit either: it fails the same way."""
+    spec = ClusterSpec(num_prefill=1, num_decode=1, pd_timeout_s=1.0, num_reserved_decode_tokens=0)
+    arrivals = [Arrival(0.0, 1500, 400), Arrival(0.01, 1000, 2), Arrival(0.02, 600, 2)]
+    res = Cluster(spec, _toy_cost(2000)).run(Workload(arrivals))
+    first, second, third = res.tracks
+    assert not first.error and first.finish is not None
+    for t in (second, third):
+        assert "bootstrap timeout" in t.error and t.first_chunk_done is None and t.decode_ready is None
+        assert t.finish == pytest.approx(t.arrival + 1.0)
+    assert res.instances[0].prefill_tokens == 1500  # only the first was prefilled
+    _conserved(res)
+
+
+def test_prompt_larger_than_a_pool_is_refused_at_arrival() -> None:
+    """As EngineCore._validate: refused at once, not left at the head of decode's FIFO."""
+    arrivals = [Arrival(0.0, 5000, 2), Arrival(0.01, 300, 2)]
+    res = Cluster(ClusterSpec(num_prefill=1, num_decode=1), _toy_cost(2000)).run(Workload(arrivals))
+    big, ok = res.tracks
+    assert "KV pool holds only 2000" in big.error and big.finish == 0.0
+    assert not ok.error and ok.finish is not None and ok.finish < 1.0
+    _conserved(res)

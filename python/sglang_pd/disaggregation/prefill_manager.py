@@ -2,7 +2,9 @@
 
 The engine calls, from its loop thread only:
   room_in_use(room) -> bool                 at admission: refuse a duplicate room
-  expect(room, now)                         request queued (see below)
+  expect(room, now)                         request admitted, waiting for decode (see below)
+  decode_registered(room) -> bool           has decode registered its destination pages?
+  take_registered() -> list[int]            expected rooms decode registered since the last call
   add_request(room, src_pages, now)         first chunk: pages allocated (None, or a Failed
                                             RoomUpdate when the room is still in use)
   kv_ready(room, num_pages, last, now)      after a (chunked) prefill step filled pages
@@ -81,6 +83,9 @@ class KVSenderManager:
         # of being acked and left waiting for a request that is gone.
         self._closed: OrderedDict[int, str] = OrderedDict()
         self._abandoned: set[int] = set()  # closed rooms with a write that may still land
+        # expected rooms whose decode registered since take_registered(): the engine makes
+        # their requests schedulable (engine/pd_rules.py: prefill_schedulable)
+        self._registered: list[int] = []
 
     def _room(self, room: int, now: float) -> _Room:
         r = self.rooms.get(room)
@@ -119,9 +124,22 @@ class KVSenderManager:
         return None
 
     def expect(self, room: int, now: float) -> None:
-        """The engine has queued this room's request: a decode registering before its first
-        chunk has run is waiting on prefill's queue, not on a request that never came."""
+        """The engine holds this room's request (waiting for decode, or queued): a decode
+        registering before its first chunk has run is waiting on prefill, not on a request
+        that never came. Decode not registering within the bootstrap timeout fails the room."""
         self._room(room, now).expected = True
+
+    def decode_registered(self, room: int) -> bool:
+        """Whether a decode has registered its destination pages for ``room`` (and the room has
+        not failed since): its request may be scheduled."""
+        r = self.rooms.get(room)
+        return r is not None and r.state.bootstrapped and not r.state.is_finished
+
+    def take_registered(self) -> list[int]:
+        """Expected rooms (request held, no pages yet) whose decode registered since the last
+        call. A room may have failed since: check ``decode_registered``."""
+        out, self._registered = self._registered, []
+        return out
 
     def kv_ready(self, room: int, num_pages: int, last: bool, now: float, aux: bytes = b"") -> None:
         """The first ``num_pages`` of src_pages now hold final KV (all of them when ``last``);
@@ -264,6 +282,8 @@ class KVSenderManager:
         r.state.on_register(now, len(reg.dst_pages))
         if r.src_pages is None or r.state.check_num_pages(now, len(r.src_pages)):
             self.server.send(client_id, m.RegisterAck(reg.room, self.transport.agent_name))
+            if r.expected and r.src_pages is None:
+                self._registered.append(reg.room)
 
     def _progress(self, r: _Room, now: float) -> None:
         for chunk, h in list(r.cancelling.items()):  # ended, or cancellable at last?

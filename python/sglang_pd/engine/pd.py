@@ -4,8 +4,11 @@
 park and unpark requests through ``Scheduler`` methods (pages stay accounted for there), and
 get their transfer managers injected, so unit tests run them over ``FakeKVTransport``.
 
-PrefillSide (``--mode prefill``): a request must carry bootstrap_host/port/room. Its prompt's
-pages are allocated whole at its first chunk (decode pre-allocates the same number), every
+PrefillSide (``--mode prefill``): a request must carry bootstrap_host/port/room. It waits parked
+without pages ("bootstrapping", not seen by the prefill policy) until its decode has registered
+destination pages for its room, then joins the waiting queue (engine/pd_rules.py:
+prefill_schedulable; this removes the PD hold-and-wait with decode's FIFO pre-allocation). Its
+prompt's pages are allocated whole at its first chunk (decode pre-allocates the same number), every
 finished chunk's pages are written into decode's pages over NIXL while the next chunk computes,
 and the first sampled token travels as aux data with the last write. The request is parked
 with its pages until the transfer is done or failed, then answers its client.
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import msgspec
 
 from sglang_pd.disaggregation.state import RoomUpdate
-from sglang_pd.engine.pd_rules import decode_admits, pages_for
+from sglang_pd.engine.pd_rules import decode_admits, pages_for, prefill_schedulable
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
@@ -160,6 +163,8 @@ class PrefillSide:
     role: str = "prefill"
     flush_first_tokens_early: bool = False
     rooms: dict[int, Req] = field(default_factory=dict)  # every PD request on this prefill
+    # parked without pages until decode registers its room (then scheduler.waiting)
+    bootstrapping: dict[int, Req] = field(default_factory=dict)
     started_at: dict[int, float] = field(default_factory=dict)
     stats_: TransferStats = field(default_factory=TransferStats)
 
@@ -170,18 +175,34 @@ class PrefillSide:
         return bool(self.core.scheduler.parked) or self.mgr.has_pending
 
     def admit(self, req: Req, msg: GenerateReq) -> str | None:
-        if _runs_locally(msg):
+        if _runs_locally(msg):  # nothing to send: prefill_schedulable(runs_locally=True)
             self.core.scheduler.add(req)  # bootstrap_room stays -1: no PD hook fires for it
             return None
         error = _room_of(msg)
         if error is None and (msg.bootstrap.room in self.rooms or self.mgr.room_in_use(msg.bootstrap.room)):
             error = f"bootstrap_room {msg.bootstrap.room} is already in use on this prefill server"
         if error is None:
-            req.bootstrap_room = msg.bootstrap.room
-            self.rooms[req.bootstrap_room] = req
-            self.mgr.expect(req.bootstrap_room, self.core.clock())
-            self.core.scheduler.add(req)
+            room = req.bootstrap_room = msg.bootstrap.room
+            self.rooms[room] = req
+            self.mgr.expect(room, self.core.clock())  # its bootstrap timeout counts from now
+            if prefill_schedulable(self.mgr.decode_registered(room)):
+                self.core.scheduler.add(req)  # decode registered first: schedulable at once
+            else:
+                # parked without pages: the engine's find/abort/shutdown see it, policies do not
+                self.core.scheduler.park(req)
+                self.bootstrapping[room] = req
         return error
+
+    def _registered(self) -> None:
+        """Requests whose decode registered its pages join the waiting queue (in arrival order:
+        ``Scheduler.add``; ``req.arrival`` is unchanged, so deadlines count from arrival)."""
+        sched = self.core.scheduler
+        for room in self.mgr.take_registered():
+            req = self.bootstrapping.get(room)
+            if req is None or not prefill_schedulable(self.mgr.decode_registered(room)):
+                continue  # finished meanwhile, or its room failed (poll reports it)
+            del self.bootstrapping[room]
+            sched.unpark(req)
 
     def on_chunk(self, req: Req, now: float) -> None:
         room = req.bootstrap_room
@@ -213,6 +234,7 @@ class PrefillSide:
 
     def forget(self, req: Req) -> None:
         self.rooms.pop(req.bootstrap_room, None)
+        self.bootstrapping.pop(req.bootstrap_room, None)
         self.started_at.pop(req.bootstrap_room, None)
 
     def poll(self, now: float) -> None:
@@ -223,9 +245,10 @@ class PrefillSide:
             if update.phase == "Done":
                 self._record_speed(req.bootstrap_room, len(req.pages), now)
                 self.core.finish(req, {"type": "length", "length": len(req.output_ids)})
-            else:
+            else:  # incl. a request still bootstrapping whose decode never registered (timeout)
                 self.stats_.failed(update)
                 self.core.finish(req, _transfer_failed(update), status=_failure_status(update))
+        self._registered()
 
     def _record_speed(self, room: int, pages: int, now: float) -> None:
         """From the first chunk's hand-off to the last write's completion (overlaps compute)."""
@@ -238,7 +261,9 @@ class PrefillSide:
         self.stats_.last_speed_gb_s = nbytes / elapsed / 1e9
 
     def stats(self) -> dict[str, int | float]:
-        return {**self.stats_.as_dict(), "num_prefill_inflight_queue_reqs": len(self.core.scheduler.parked),
+        inflight = len(self.core.scheduler.parked) - len(self.bootstrapping)
+        return {**self.stats_.as_dict(), "num_prefill_bootstrap_queue_reqs": len(self.bootstrapping),
+                "num_prefill_inflight_queue_reqs": inflight,
                 "kv_transfer_speed_gb_s": self.stats_.last_speed_gb_s,
                 "kv_transfer_latency_ms": self.stats_.last_latency_ms}
 

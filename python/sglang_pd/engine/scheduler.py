@@ -163,6 +163,12 @@ class Scheduler:
         req.state = ReqState.PARKED
         self.parked[req] = None
 
+    def unpark(self, req: SchedulerReq) -> None:
+        """A parked request joins the waiting queue as it is (pages and KV kept; arrival order):
+        a PD prefill request once its decode has registered its destination."""
+        del self.parked[req]
+        self.add(req)
+
     def start_running(self, req: SchedulerReq, kv_len: int) -> None:
         """A parked request whose KV (``kv_len`` tokens) has arrived joins the decode batch."""
         self.parked.pop(req, None)

@@ -51,7 +51,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     c.add_argument("--link-gb-s", type=float, default=25.0, help="prefill->decode link GB/s")
     c.add_argument("--link-latency-ms", type=float, default=1.0)
     c.add_argument("--pd-timeout-s", type=float, default=300.0,
-                   help="PD: one side ready and the other not for this long fails the request (DisaggEnvs)")
+                   help="PD: a request whose decode has not pre-allocated its pages this long after arrival "
+                        "(the prefill server's bootstrap timeout), or one side ready and the other not "
+                        "this long, fails (DisaggEnvs)")
     c.add_argument("--prefix-cache-tokens", type=int, default=0,
                    help="prefix cache per prefill instance over hash_ids (512-token blocks); 0 = off")
     _c = ControllerConfig()

@@ -3,9 +3,11 @@ instances (sim/instance.py), routed by the router's own pure policies.
 
 Time advances from event to event (a heap); an idle instance with work starts its next step
 at once, as the engine's loop does. A PD request is routed at arrival to one prefill and one
-decode instance (as the PD router does): decode parks it for pre-allocation, prefill queues it;
-the transfer starts once both sides are ready (sim/transfer.py) and its end is the first token
-(the decode engine flushes first tokens as their KV arrives). Colocated instances do both.
+decode instance (as the PD router does): decode parks it for pre-allocation (FIFO), prefill
+holds it aside until that pre-allocation (its Register) and only then queues it
+(engine/pd_rules.py: prefill_schedulable, so no hold-and-wait between the two); the transfer
+streams from the first chunk (sim/transfer.py) and its end is the first token (the decode
+engine flushes first tokens as their KV arrives). Colocated instances do both.
 
 With a pool controller (``ClusterSpec.pool_controller``), every control period the router's own
 ``PoolController`` gets one ``InstanceSignals`` per short/long prefill instance, built as the
@@ -37,7 +39,16 @@ from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.transfer import TransferModel
 from sglang_pd.sim.workload import Arrival, Workload
 
-_STEP, _XFER, _WAKE, _TIMEOUT, _CONTROL = 0, 1, 2, 3, 4
+_STEP, _XFER, _WAKE, _TIMEOUT, _CONTROL, _BOOT = 0, 1, 2, 3, 4, 5
+
+
+def _stale(kind: int, obj: object) -> bool:
+    """A timeout that can no longer fire (the clock must not run on to it)."""
+    if kind == _TIMEOUT:
+        return obj.xfer_started or obj.finish is not None  # type: ignore[attr-defined]
+    if kind == _BOOT:
+        return obj.decode_ready is not None or obj.finish is not None  # type: ignore[attr-defined]
+    return False
 
 
 @dataclass
@@ -57,10 +68,9 @@ class ClusterSpec:
     num_reserved_decode_tokens: int = 512
     link_gb_s: float = 25.0
     link_latency_ms: float = 1.0
-    # one side ready, the other not, for this long: the request fails (the transfer layer's
-    # bootstrap / waiting timeouts, DisaggEnvs, 300 s). Breaks the PD hold-and-wait: prefill
-    # memory full of finished prompts waiting for decode pages that decode holds for prompts
-    # the prefill has not computed (decode pre-allocates in arrival order)
+    # the transfer layer's timeouts (DisaggEnvs, 300 s): decode not pre-allocated this long
+    # after arrival (prefill's bootstrap timeout), or decode ready and the prefill not done
+    # this long after (decode's waiting timeout): the request fails
     pd_timeout_s: float = 300.0
     # TTFT SLO of long-class requests (new prompt tokens over routing.short_prefill_threshold)
     # carrying none; short ones get cfg.slo_ttft_ms (the router's per-class --slo-ttft-ms SHORT LONG)
@@ -188,6 +198,11 @@ class Cluster:
             t.slo_ttft_s = self.spec.slo_ttft_s_long
         p = self._select(self.route_p, self.views_p, self.front, a)
         t.p_inst = p.index
+        d = self._select(self.route_d, self.views_d, self.decodes, a) if self.pd else None
+        why = p.refuses(a.prompt_len) or (d.refuses(a.prompt_len) if d is not None else None)
+        if why is not None:  # a 400 at admission, before anything is queued (EngineCore._validate)
+            self._fail(t, why)  # (else a prompt decode can never hold would block its FIFO)
+            return t
         if p.prefix_cache is not None and a.hash_ids:
             t.cached_len = max(t.cached_len, p.prefix_cache.match(a.hash_ids, a.prompt_len))
         t.cached_len = min(t.cached_len, a.prompt_len - 1)
@@ -196,15 +211,18 @@ class Cluster:
         t.preq = preq
         p.in_flight += 1
         p.queued_tokens += a.prompt_len - t.cached_len
-        p.add(preq)
         if self.pd:
-            d = self._select(self.route_d, self.views_d, self.decodes, a)
+            assert d is not None
+            p.add_pd(preq, decode_reserved=False)  # queued when decode pre-allocates (_poll_decode)
             t.d_inst = d.index
             dreq = self._new_req(t, f"{index}d")
             t.dreq = dreq
             d.in_flight += 1
             d.park_for_decode(dreq)
+            self._push(self.now + self.spec.pd_timeout_s, _BOOT, t)
             self._poll_decode(d)
+        else:
+            p.add(preq)
         self._kick(p)
         return t
 
@@ -212,6 +230,9 @@ class Cluster:
         for r in d.preallocate():
             t = r.track
             t.decode_ready = self.now
+            p = self.front[t.p_inst]
+            if p.decode_reserved(t.preq):  # decode's Register: the prefill may schedule it now
+                self._kick(p)
             if t.prefill_done is not None:
                 self._start_transfer(t)
             else:
@@ -280,6 +301,16 @@ class Cluster:
         if self.on_finish is not None:
             self.on_finish(t)
 
+    def _stepping(self, t: Track) -> Instance | None:
+        """The instance whose running step includes one of ``t``'s requests (a timeout then
+        waits for the step's end: the step would advance a request already taken out)."""
+        for req, insts, i in ((t.preq, self.front, t.p_inst), (t.dreq, self.decodes, t.d_inst)):
+            if req is not None and i >= 0:
+                step = insts[i].step
+                if step is not None and any(r is req for r in step.reqs):
+                    return insts[i]
+        return None
+
     def _fail(self, t: Track, reason: str) -> None:
         """A request that can never run: taken out of both sides, its pages freed."""
         if t.error or t.finish is not None:
@@ -291,6 +322,8 @@ class Cluster:
             inst = insts[t.p_inst if req is t.preq else t.d_inst]
             if req in inst.prealloc:
                 inst.prealloc.remove(req)
+            elif req in inst.bootstrapping:
+                del inst.bootstrapping[req]
             elif req is t.dreq and req.state is ReqState.PARKED and req.pages:
                 inst.transferring -= 1
             inst.sched.remove(req)
@@ -366,7 +399,7 @@ class Cluster:
             t_arr = arrivals[i].arrival_s if i < len(arrivals) else math.inf
             if heap and heap[0][0] <= t_arr:
                 t_ev, _, kind, obj = heapq.heappop(heap)
-                if kind == _TIMEOUT and (obj.xfer_started or obj.finish is not None):  # type: ignore[union-attr]
+                if kind >= _TIMEOUT and _stale(kind, obj):
                     continue  # stale: the clock must not run on to a timeout that cannot fire
             elif i < len(arrivals):
                 t_ev, kind, obj = t_arr, -1, None
@@ -375,7 +408,8 @@ class Cluster:
             events += 1
             while next_sample <= t_ev:
                 samples.append((next_sample, [(len(x.sched.waiting), len(x.sched.running),
-                                               len(x.sched.parked), x.token_usage()) for x in insts]))
+                                               len(x.sched.parked) + len(x.bootstrapping), x.token_usage())
+                                              for x in insts]))
                 next_sample += sample_s
             self.now = t_ev
             if kind == -1:
@@ -389,12 +423,19 @@ class Cluster:
                 self._control()
                 # keep ticking while anything else can still happen (a stale timeout cannot)
                 if i < len(arrivals) or (closed and pending) or any(
-                        k != _TIMEOUT or not (o.xfer_started or o.finish is not None) for _, _, k, o in heap):
+                        k != _CONTROL and not _stale(k, o) for _, _, k, o in heap):
                     period = self.spec.pool_controller.period_s  # type: ignore[union-attr]
                     self._push(self.now + period, _CONTROL, None)
-            elif kind == _TIMEOUT:
-                self._fail(obj, f"KV transfer never started within {self.spec.pd_timeout_s:g} s "  # type: ignore[arg-type]
+            elif kind == _TIMEOUT or kind == _BOOT:
+                busy = self._stepping(obj)  # type: ignore[arg-type]
+                if busy is not None:  # the engine polls its transfers between steps, not in one
+                    self._push(busy.step_started + busy.step_s, kind, obj)
+                elif kind == _TIMEOUT:
+                    self._fail(obj, f"KV transfer never started within {self.spec.pd_timeout_s:g} s "  # type: ignore[arg-type]
                                     "(PD timeout: the other side never got ready)")
+                else:
+                    self._fail(obj, f"decode did not pre-allocate within {self.spec.pd_timeout_s:g} s "  # type: ignore[arg-type]
+                                    "of arrival (PD bootstrap timeout)")
             else:
                 inst = obj
                 inst.wake_at = None  # type: ignore[union-attr]

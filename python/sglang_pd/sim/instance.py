@@ -4,8 +4,10 @@
 The engine's step (engine_core.py) is mirrored here without a model: ``schedule`` -> the step
 takes ``StepCost.step_s`` -> ``after_extend`` / ``after_decode`` -> tokens counted ->
 ``observe(profile, elapsed)``; nothing scheduled with work queued -> ``unblock``. PD rules come
-from engine/pd_rules.py, as in engine/pd.py: prefill allocates whole-prompt pages and parks a
-request after its first token until its KV transfer ends; decode pre-allocates in FIFO order.
+from engine/pd_rules.py, as in engine/pd.py: a PD request joins a prefill instance's waiting
+queue only once its decode instance has pre-allocated its pages (until then it is held in
+``bootstrapping``), prefill allocates whole-prompt pages and parks a request after its first
+token until its KV transfer ends; decode pre-allocates in FIFO order.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sglang_pd.engine.load_signals import LoadTracker, short_threshold
 from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.pd_rules import decode_admits, pages_for, whole_prompt_pages
+from sglang_pd.engine.pd_rules import decode_admits, pages_for, prefill_schedulable, whole_prompt_pages
 from sglang_pd.engine.scheduler import ScheduledStep, Scheduler
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
@@ -105,6 +107,9 @@ class Instance:
     reserved_pages: int = 0  # decode: --num-reserved-decode-tokens in pages
     sched: Scheduler = field(init=False)
     prealloc: deque = field(default_factory=deque)  # decode: parked, waiting for pages
+    # prefill: PD requests whose decode has not pre-allocated yet, in arrival order (dict as an
+    # ordered set); outside the Scheduler, so no policy sees them (engine: parked, no pages)
+    bootstrapping: dict = field(default_factory=dict)
     transferring: int = 0  # decode: pages held, KV on its way
     step: ScheduledStep | None = None
     step_profile: StepProfile | None = None
@@ -162,9 +167,33 @@ class Instance:
         return a.num_used / a.num_usable if a.num_usable else 0.0
 
     # ------------------------------------------------------------------ admission
+    def refuses(self, prompt_len: int) -> str | None:
+        """As ``EngineCore._validate``: a prompt the KV pool cannot hold is refused at once."""
+        pool = self.sched.allocator.num_usable * self.cfg.page_size
+        if prompt_len + 1 > pool:
+            return f"the prompt has {prompt_len} tokens; the KV pool holds only {pool}"
+        return None
+
     def add(self, req: ClusterReq) -> None:
         """A request routed here to compute (colocated / prefill, or a decode-side retraction)."""
         self.sched.add(req)
+
+    def add_pd(self, req: ClusterReq, decode_reserved: bool) -> None:
+        """Prefill: a PD request routed here waits, outside the queues and without pages, until
+        its decode instance has pre-allocated its pages (``PrefillSide.admit``)."""
+        if prefill_schedulable(decode_reserved):
+            self.sched.add(req)
+        else:
+            self.bootstrapping[req] = None
+
+    def decode_reserved(self, req: ClusterReq) -> bool:
+        """Prefill: ``req``'s decode pre-allocated its pages (its Register arrived): it joins the
+        waiting queue (``PrefillSide._registered``). False if it was not waiting for that."""
+        if req not in self.bootstrapping:
+            return False
+        del self.bootstrapping[req]
+        self.sched.add(req)  # by arrival: its deadline still counts from the router's arrival
+        return True
 
     def park_for_decode(self, req: ClusterReq) -> None:
         """Decode: the request waits, parked without pages, for pre-allocation (FIFO)."""
