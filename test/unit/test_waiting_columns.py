@@ -5,6 +5,7 @@ The walk's batched paths are checked against a one-request-at-a-time reference w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -17,6 +18,8 @@ from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.common import Order, Queue, fcfs_finish, walk
+from sglang_pd.scheduling.prefill.kairos_plus import RESCUING, URGENT, KairosPlusPrefillPolicy
+from sglang_pd.scheduling.prefill.order import first_of
 from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy
 from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.scheduling.types import PrefillBudget
@@ -286,5 +289,83 @@ def test_request_times_array_equals_request_times() -> None:
         chunk = int(rng.choice((64, 512, 2048, 8192)))
         got = model.request_times_array(r, h, chunk).tolist()
         assert got == model.request_times(r.tolist(), h.tolist(), chunk)
+        # the float columns (WaitingQueue keeps remaining/prefilled as floats too) give the same
+        assert model.request_times_array(r.astype(float), h.astype(float), chunk).tolist() == got
         zero = model.request_times_array(r, h, chunk, empty_is_zero=True).tolist()
         assert zero == [model.request_s(x, y, chunk) if x > 0 else 0.0 for x, y in zip(r.tolist(), h.tolist())]
+
+
+def test_order_rest_finds_the_first_as_the_full_sort() -> None:
+    """``Order.rest`` + ``first_of`` (the walk's tail: the first in the order of a subset, found
+    without sorting it) agree with the stable full sort, NaN keys and groups included, and so
+    for an order given as positions."""
+    rng = np.random.default_rng(9)
+    for trial in range(300):
+        n = int(rng.choice((1, 7, 60, 400)))
+        key = rng.choice((0.0, 1.0, 2.5, -1.0, np.nan), n) if trial % 3 == 0 else rng.random(n)
+        group = rng.integers(0, 6, n) if trial % 2 else None
+        want = np.argsort(key, kind="stable") if group is None else np.lexsort((key, group))
+        o = Order(key, group) if trial % 5 else Order.of(want)
+        k = int(rng.integers(1, n + 1))
+        o.head(k)
+        p = int(rng.integers(0, k + 1))
+        mask = rng.random(n) < rng.choice((0.05, 0.5, 1.0))
+        rest = want[p:][mask[want[p:]]].tolist()
+        idx, keys, groups = o.rest(p, mask.copy())
+        assert sorted(idx.tolist()) == sorted(rest)
+        while len(idx):  # taking the first, again and again, gives the order
+            j = first_of(keys, groups)
+            assert int(idx[j]) == rest.pop(0), trial
+            keep = np.ones(len(idx), dtype=bool)
+            keep[j] = False
+            idx, keys = idx[keep], keys[keep]
+            groups = None if groups is None else groups[keep]
+
+
+class _KairosPlusOneByOne(KairosPlusPrefillPolicy):
+    """kairos+ with its urgent-room rule asked request by request (``fits``), as first written:
+    the reference for the array form (``cut``) that the policy uses."""
+
+    def schedule(self, waiting, now, budget):  # type: ignore[no-untyped-def]
+        q = Queue(waiting)
+        model = self.model
+        group, key, laxity, work = self.classify(q, now, model.request_s(budget.token_budget))
+        rush = ((group == RESCUING) | (group == URGENT)).nonzero()[0]
+        room = dict(zip(q.pick(rush), np.maximum(laxity[rush] - self.SAFETY * work[rush], 0.0).tolist()))
+        spare: list = []
+
+        def fits(req, n):  # type: ignore[no-untyped-def]
+            if spare:
+                delta = model.marginal_s(n, req.prefilled_len)
+                if delta > spare[0]:
+                    return None
+                spare[0] -= delta
+            if req in room:
+                spare[:] = [min(spare[0], room[req])] if spare else [room[req]]
+            return True
+
+        plan = walk(q, Order(key, group), budget, self.max_partial, fits if room else None)
+        self._urgent = {r for r in room if r in self._urgent} | {r for r, _ in plan if r in room}
+        return plan
+
+
+def test_kairos_plus_cut_plans_as_its_request_by_request_rule() -> None:
+    rng = random.Random(21)
+    cuts = 0
+    for trial in range(60):
+        cfg = dataclasses.replace(_cfg(rng, "kairos+"), prefill_time_budget_ms=None)  # no chunker: ``cut``
+        reqs = _random_reqs(rng, rng.choice((5, 40, 300)))
+        cols = WaitingQueue()
+        for r in reqs:
+            cols.add(r)
+        a, b = create_prefill_policy("kairos+", cfg), _KairosPlusOneByOne(cfg)
+        now = reqs[-1].arrival + rng.choice((0.0, 0.5, 3.0))
+        for _ in range(4):
+            slots, free = rng.choice((1, 8, 256)), rng.choice((5_000, 10**9))
+            ba, bb = _budget(cfg, slots, free), _budget(cfg, slots, free)
+            pa, pb = a.schedule(cols, now, ba), b.schedule(list(cols), now, bb)
+            assert [(r.rid, n) for r, n in pa] == [(r.rid, n) for r, n in pb], trial
+            assert a._urgent == b._urgent, trial
+            cuts += bool(b._urgent)
+            now += rng.choice((0.01, 0.4))
+    assert cuts  # urgent requests were served (the rule was in play)

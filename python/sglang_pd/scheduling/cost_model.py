@@ -194,6 +194,13 @@ class PrefillCostModel:
         l, h = new_tokens, context_tokens
         return c.per_req_s + c.a * l * (l + 2 * h) + (c.b + c.g_w) * l + c.g_r * h
 
+    def marginal_s_array(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
+        """``marginal_s`` over integer arrays (same formula, same operation order: the same
+        float64 numbers)."""
+        c = self.coeffs
+        l, h = new_tokens, context_tokens
+        return c.per_req_s + c.a * l * (l + 2 * h) + (c.b + c.g_w) * l + c.g_r * h
+
     def request_s(self, new_tokens: int, context_tokens: int = 0, chunk: int | None = None) -> float:
         """Prefill ``new_tokens`` after ``context_tokens`` alone, one chunk of at most ``chunk``
         tokens per step (None: one step). Equals the sum of ``step_s`` over its chunks."""
@@ -224,25 +231,30 @@ class PrefillCostModel:
 
     def request_times_array(self, new_tokens: np.ndarray, context_tokens: np.ndarray, chunk: int,
                             empty_is_zero: bool = False) -> np.ndarray:
-        """``request_times`` over integer arrays (same formula, same operation order, so the same
-        float64 numbers; a request of at most one chunk has n = 1, where n * fixed = fixed and
-        the context term is g_r * H exactly). ``empty_is_zero``: 0 s for no new tokens, as
-        ``request_s`` (``request_times`` charges those one launch)."""
+        """``request_times`` over arrays of whole numbers, int or float (float64 holds them
+        exactly: the same numbers either way, and float inputs skip a cast per operation).
+        Same formula, same order of the float operations, so the same float64 numbers. One
+        pass for everyone (issue 20: few array operations): the chunked formula with n = 1 for
+        a request of at most one chunk IS the one-chunk formula (1 * fixed = fixed, context sum
+        = H). ``empty_is_zero``: 0 s for no new tokens, as ``request_s`` (``request_times``
+        charges those one launch)."""
         c = self.coeffs
         fixed, a, k, gr = c.launch_s + c.per_req_s, c.a, c.b + c.g_w, c.g_r
         r, h = new_tokens, context_tokens
-        # every request as one chunk (n = 1: n * fixed = fixed, context sum = H), in place
-        # (issue 20: few array operations); the sums in the formula's order
-        out = a * r
-        out *= r + 2 * h
-        out += fixed
+        # whole numbers in float64, all exact (well below 2**53): chunks ceil(r / chunk), at
+        # least 1 (a quotient that is not whole is not rounded onto one)
+        n = np.ceil(r / chunk)
+        np.maximum(n, 1.0, out=n)
+        ctx = n - 1.0  # context before each chunk, summed: n H + chunk n (n - 1) / 2
+        ctx *= n
+        ctx *= 0.5 * chunk
+        ctx += n * h
+        out = n * fixed  # n fixed + a r (r + 2H) + k r + g_r ctx, summed in that order
+        t = a * r
+        t *= r + 2 * h
+        out += t
         out += k * r
-        out += gr * h
-        if len(r) and r.max() > chunk:  # the few longer than a chunk: the chunked formula
-            big = np.flatnonzero(r > chunk)
-            rb, hb = r[big], h[big]
-            n = (rb + (chunk - 1)) // chunk  # ceil
-            out[big] = n * fixed + a * rb * (rb + 2 * hb) + k * rb + gr * (n * hb + chunk * n * (n - 1) // 2)
+        out += gr * ctx
         if empty_is_zero:
             out[r <= 0] = 0.0
         return out

@@ -27,14 +27,17 @@ import numpy as np
 
 from sglang_pd.scheduling.types import SchedReq
 
-# float columns, then int columns (one 2-D array each: an insert or removal shifts one block)
-ARRIVAL, SLO = 0, 1
+# float columns, then int columns (one 2-D array each: an insert or removal shifts one block);
+# remaining and prefilled are also kept as floats (exact: whole numbers below 2**53), which the
+# cost model's array arithmetic reads without a cast per operation
+ARRIVAL, SLO, REMAINING_F, PREFILLED_F = 0, 1, 2, 3
 PREFILLED, CACHED, REMAINING = 0, 1, 2
+_NF = 4
 _MIN_CAP = 64
 
 
-def _floats(r: SchedReq) -> tuple[float, float]:
-    return r.arrival, (r.slo_ttft_s or math.nan)
+def _floats(r: SchedReq) -> tuple[float, float, float, float]:
+    return r.arrival, (r.slo_ttft_s or math.nan), float(r.prefill_remaining), float(r.prefilled_len)
 
 
 def _ints(r: SchedReq) -> tuple[int, int, int]:
@@ -48,7 +51,7 @@ class WaitingQueue(list):
         super().__init__(reqs)
         n = super().__len__()
         cap = max(_MIN_CAP, 2 * n)
-        self._f = np.empty((2, cap), dtype=np.float64)
+        self._f = np.empty((_NF, cap), dtype=np.float64)
         self._i = np.empty((3, cap), dtype=np.int64)
         self._o = np.empty(cap, dtype=object)
         for k, r in enumerate(self):
@@ -65,6 +68,16 @@ class WaitingQueue(list):
     def slo(self) -> np.ndarray:
         """TTFT SLO in seconds, NaN where the request has none."""
         return self._f[SLO, : len(self)]
+
+    @property
+    def remaining_f(self) -> np.ndarray:
+        """``remaining`` as float64."""
+        return self._f[REMAINING_F, : len(self)]
+
+    @property
+    def prefilled_f(self) -> np.ndarray:
+        """``prefilled`` as float64."""
+        return self._f[PREFILLED_F, : len(self)]
 
     @property
     def prefilled(self) -> np.ndarray:
@@ -114,7 +127,7 @@ class WaitingQueue(list):
             return
         cap = max(need, 2 * cap)
         n = len(self)
-        f, i, o = np.empty((2, cap), np.float64), np.empty((3, cap), np.int64), np.empty(cap, object)
+        f, i, o = np.empty((_NF, cap), np.float64), np.empty((3, cap), np.int64), np.empty(cap, object)
         f[:, :n], i[:, :n], o[:n] = self._f[:, :n], self._i[:, :n], self._o[:n]
         self._f, self._i, self._o = f, i, o
 
@@ -188,7 +201,10 @@ class WaitingQueue(list):
     def refresh(self, req: SchedReq) -> None:
         """Re-read ``req``'s lengths after they changed (a chunk extended, pages released).
         Arrival and SLO are fixed while a request waits."""
-        self._i[:, self.position(req)] = _ints(req)
+        k = self.position(req)
+        self._i[:, k] = _ints(req)
+        self._f[REMAINING_F, k] = req.prefill_remaining
+        self._f[PREFILLED_F, k] = req.prefilled_len
 
     # ------------------------------------------------------------------ subsets and checks
     def subset(self, idx: Sequence[int] | np.ndarray) -> "WaitingQueue":
@@ -199,7 +215,7 @@ class WaitingQueue(list):
         list.__init__(out, self._o[idx].tolist())
         m = len(idx)
         cap = max(_MIN_CAP, m)
-        out._f = np.empty((2, cap), np.float64)
+        out._f = np.empty((_NF, cap), np.float64)
         out._i = np.empty((3, cap), np.int64)
         out._o = np.empty(cap, object)
         out._f[:, :m] = self._f[:, idx]
@@ -213,6 +229,7 @@ class WaitingQueue(list):
         for k, r in enumerate(self):
             f = _floats(r)
             if (self._f[ARRIVAL, k] != f[0] or self._o[k] is not r
+                    or tuple(self._f[REMAINING_F:, k].tolist()) != f[2:]
                     or not (self._f[SLO, k] == f[1] or (math.isnan(f[1]) and math.isnan(self._f[SLO, k])))
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "

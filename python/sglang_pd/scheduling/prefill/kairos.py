@@ -48,7 +48,7 @@ import numpy as np
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
-from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, fcfs_finish_array, stable_order
+from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Order, Queue, fcfs_finish_array
 from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, R
 
@@ -87,11 +87,20 @@ class KairosPrefillPolicy(DeadlinePolicy):
 
     def urgency(self, q: Queue, now: float) -> np.ndarray:
         """u of every request (Alg. 1 lines 4-9), in the queue's (arrival) order."""
+        return -self._minus_urgency(q, now)
+
+    def _minus_urgency(self, q: Queue, now: float) -> np.ndarray:
+        """-u, the key of the order (u descending), without a negation: -(x - y) = y - x and
+        -(x / y) = (-x) / y exactly in floating point, so it is the negation of ``urgency``."""
         inv_mu = 1.0 / self.mu.tps
-        fin = fcfs_finish_array(q.arrival, q.rem * inv_mu, now)
+        fin = fcfs_finish_array(q.arrival, q.remf * inv_mu, now)  # (floats: exact whole numbers)
         slos = q.slos(self.default_slo_s)
-        return (slos - self.margin_s - (fin - q.arrival)) / slos / np.maximum(q.rem, 1)
+        fin -= q.arrival
+        fin -= slos - self.margin_s
+        fin /= slos
+        fin /= np.maximum(q.remf, 1.0)
+        return fin
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        return self.walk(q, stable_order(self.urgency(q, now), descending=True), budget, now=now)
+        return self.walk(q, Order(self._minus_urgency(q, now)), budget, now=now)

@@ -32,6 +32,11 @@ So short prompts pass a long one while it can still make its deadline (groups 3-
 work), the long one is run just in time when it has to (groups 2 then 0), and a long one that
 cannot make it no longer blocks short ones that can (group 5 after 2-4).
 
+Speed (issue 20): the rule "others join only as long as their time fits in the urgent one's
+laxity" is applied to the walk's whole plan at once (``cut`` in ``schedule``: the running
+subtraction as ``np.subtract.accumulate``, exact); with a step-time budget, whose chunker sizes
+chunks request by request, it is asked per request (``fits``), as first written.
+
 Parameters: ``SAFETY`` (0.1, ours: margin against cost-model error, in the request's own work),
 ``prefill_starve_factor`` (PolicyConfig, 4), and the shared ones in ``common.py``. Every grant
 goes through ``budget.grant`` (``common.walk``).
@@ -45,6 +50,7 @@ import numpy as np
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
+from sglang_pd.scheduling.prefill.chunking import time_budget_s
 from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Order, Queue, fcfs_finish_array
 from sglang_pd.scheduling.waiting import WaitingQueue
 from sglang_pd.scheduling.types import PrefillBudget, R
@@ -92,20 +98,25 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         lax -= work
         tight = lax <= step_s + self.SAFETY * work
         # the groups by precedence, lowest written last (as np.select's first true condition)
-        group = np.full(len(a), SALVAGEABLE, dtype=np.int64)
-        group[fin <= d] = ON_TIME
-        lost = lax < 0
-        group[lost] = LOST
-        group[tight & (lax >= 0)] = URGENT
-        group[now - a >= self.starve_factor * slos] = STARVING
+        on_time = fin <= d
+        group = SALVAGEABLE - on_time  # ON_TIME = SALVAGEABLE - 1
+        group[tight] = URGENT  # tight ones with laxity >= 0; the lost ones (all tight) next
+        group[lax < 0] = LOST
+        if len(a) and now - a.min() >= self.starve_factor * slos.min():  # else none waited so long
+            group[now - a >= self.starve_factor * slos] = STARVING
         if self._urgent:
             group[tight & self._served_urgent(q)] = RESCUING
-        # ON_TIME: u descending; RESCUING, URGENT: laxity; STARVING: arrival; others: work
-        key = np.where(group == ON_TIME, -(d - fin) / slos / np.maximum(work, 1e-12), work)
+        # ON_TIME: u descending (-(d - fin) = fin - d exactly); RESCUING, URGENT: laxity;
+        # STARVING: arrival; others: work
+        fin -= d
+        fin /= slos
+        fin /= np.maximum(work, 1e-12)
+        key = np.where(group == ON_TIME, fin, work)
         rush = group <= URGENT
-        key[rush] = lax[rush]
-        starving = group == STARVING
-        key[starving] = a[starving]
+        if rush.any():
+            key[rush] = lax[rush]
+            starving = group == STARVING
+            key[starving] = a[starving]
         return group, key, lax, work
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
@@ -113,12 +124,46 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         model = self.model
         step_s = model.request_s(budget.token_budget)  # the next decision comes after one step
         group, key, laxity, work = self.classify(q, now, step_s)
-        rush = np.flatnonzero((group == RESCUING) | (group == URGENT))
-        rush_room = np.maximum(laxity[rush] - self.SAFETY * work[rush], 0.0).tolist()
-        room = dict(zip(q.pick(rush), rush_room))
-        spare: list[float] = []  # seconds the urgent requests in the plan can still give away
+        safety = self.SAFETY
+
+        def room_at(pos: np.ndarray) -> np.ndarray:
+            """Seconds the urgent requests at ``pos`` can give away: laxity beyond the margin."""
+            return np.maximum(laxity[pos] - safety * work[pos], 0.0)
+
+        seen: list[np.ndarray] = []  # the plan's positions, as ``cut`` last saw them
+
+        def cut(pos: np.ndarray, ns: np.ndarray) -> int:
+            """How many of the plan to keep: the first whose time does not fit in the laxity
+            left of an urgent request before it ends the step (``fits``, on the whole plan)."""
+            seen.append(pos)
+            g = group[pos]
+            urgent = ((g == RESCUING) | (g == URGENT)).nonzero()[0]
+            if not len(urgent):
+                return len(pos)
+            rooms = room_at(pos[urgent]).tolist()
+            first = int(urgent[0])
+            delta = model.marginal_s_array(ns[first + 1:], q.pre[pos[first + 1:]])
+            # the spare seconds after each request: one subtraction after another, in plan
+            # order, as the loop (subtract.accumulate), min'd with each urgent one's room
+            spare, start = rooms[0], first + 1
+            for k, end in enumerate([*urgent[1:].tolist(), len(pos) - 1]):
+                d = delta[start - first - 1: end - first]  # requests start..end
+                chain = np.subtract.accumulate(np.concatenate(((spare,), d)))
+                over = (d > chain[:-1]).nonzero()[0]
+                if len(over):
+                    return start + int(over[0])
+                if k + 1 == len(rooms):
+                    break
+                spare, room = float(chain[-1]), rooms[k + 1]
+                spare = room if room < spare else spare  # min(spare, room), as the loop
+                start = end + 1
+            return len(pos)
+
+        room: dict | None = None  # urgent request -> its room, for ``fits``
+        spare: list[float] = []
 
         def fits(req: R, n: int) -> bool | None:
+            """``cut`` request by request (with a step-time budget chunks are sized so)."""
             if spare:
                 delta = model.marginal_s(n, req.prefilled_len)
                 if delta > spare[0]:
@@ -128,6 +173,17 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
                 spare[:] = [min(spare[0], room[req])] if spare else [room[req]]
             return True
 
-        plan = self.walk(q, Order(key, group), budget, fits if room else None, now=now)
-        self._urgent = {r for r in room if r in self._urgent} | {r for r, _ in plan if r in room}
+        if time_budget_s(self.cfg) is not None:
+            rush = ((group == RESCUING) | (group == URGENT)).nonzero()[0]
+            room = dict(zip(q.pick(rush), room_at(rush).tolist()))
+        plan = self.walk(q, Order(key, group), budget, fits if room else None, now=now, cut=cut)
+        # rescuing from now on: urgent ones served before (group RESCUING: all of them) and
+        # the urgent ones served now
+        urgent = set(q.pick((group == RESCUING).nonzero()[0])) if self._urgent else set()
+        if room is not None:
+            urgent.update(r for r, _ in plan if r in room)
+        elif plan:
+            g = group[seen[-1][: len(plan)]]
+            urgent.update(r for (r, _), u in zip(plan, ((g == RESCUING) | (g == URGENT)).tolist()) if u)
+        self._urgent = urgent
         return plan
