@@ -5,9 +5,10 @@
         --slo-tpot-ms 150 --num-prompts 32 --out-dir out/decode_policies \
         [--cost-model-profile PROFILE.json] [--length-mix 6144:256:0.1,384:256:0.9]
 
-One colocated server per policy (prefill steps preempt decode there; PD decode servers see
-none), the same seeded ``bench_serving --dataset-name mix`` workload against each, all requests
-at once; back to back, or all at the same time with ``--concurrent`` (on a shared machine the
+One colocated server per policy (prefill steps preempt decode there), or with ``--pd`` a 1P+1D
+pair behind SGLang's router as ``scripts/quickstart.sh`` starts it (the decode server runs the
+policy and sees no prefill steps; the prefill server is FCFS), the same seeded
+``bench_serving --dataset-name mix`` workload against each, all requests at once; back to back, or all at the same time with ``--concurrent`` (on a shared machine the
 other jobs' load changes between back-to-back runs; run together, the policies share it). Prints TPOT attainment, ITL p99, per-request decode tokens/s (p50, p90), total
 tokens/s, and each policy's ratio to continuous. Timings: say which machine, and whether shared.
 """
@@ -35,27 +36,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: argparse.Namespace, policy: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", args.model_path,
-           "--load-format", args.load_format, "--port", str(port), "--decode-policy", policy,
-           "--max-total-tokens", str(args.max_total_tokens), "--slo-tpot-ms", str(args.slo_tpot_ms)]
-    if args.cost_model_profile:
-        cmd += ["--cost-model-profile", args.cost_model_profile]
-    proc = subprocess.Popen(cmd + args.server_arg, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+class Deployment:
+    """The processes serving one policy (one colocated server, or prefill + decode + router)."""
+
+    def __init__(self, procs: list[subprocess.Popen], url: str) -> None:
+        self.procs, self.url = procs, url
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):  # router first, then the servers
+            stop(proc)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, what: str, log: Path) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server for {policy} exited; see {log}")
+            raise RuntimeError(f"{what} exited; see {log}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return
         except httpx.TransportError:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise RuntimeError(f"server for {policy} not healthy in 300 s; see {log}")
+    raise RuntimeError(f"{what} not healthy in 300 s; see {log}")
+
+
+def server_cmd(args: argparse.Namespace, port: int, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", args.model_path,
+           "--load-format", args.load_format, "--port", str(port),
+           "--max-total-tokens", str(args.max_total_tokens), "--slo-tpot-ms", str(args.slo_tpot_ms)]
+    if args.cost_model_profile:
+        cmd += ["--cost-model-profile", args.cost_model_profile]
+    return cmd + extra + args.server_arg
+
+
+def start(args: argparse.Namespace, policy: str, log: Path) -> Deployment:
+    if args.pd:
+        return start_pd(args, policy, log)
+    port = free_port()
+    proc = subprocess.Popen(server_cmd(args, port, ["--decode-policy", policy]),
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(proc, url, f"server for {policy}", log)
+    return Deployment([proc], url)
+
+
+def start_pd(args: argparse.Namespace, policy: str, log: Path) -> Deployment:
+    """Prefill (FCFS) + decode (``policy``) + a PD router (SGLang's, as scripts/quickstart.sh)."""
+    p_port, d_port, boot, r_port = free_port(), free_port(), free_port(), free_port()
+    logs = [log.with_name(f"{log.stem}_{part}.log") for part in ("prefill", "decode", "router")]
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen(server_cmd(args, p_port, [
+            "--mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
+            stdout=open(logs[0], "wb"), stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(server_cmd(args, d_port, ["--mode", "decode", "--decode-policy", policy]),
+                                      stdout=open(logs[1], "wb"), stderr=subprocess.STDOUT))
+        wait_healthy(procs[0], f"http://127.0.0.1:{p_port}", "prefill server", logs[0])
+        wait_healthy(procs[1], f"http://127.0.0.1:{d_port}", f"decode server ({policy})", logs[1])
+        router = "sglang_router.launch_router" if args.router == "sglang" else "sglang_pd_router"
+        procs.append(subprocess.Popen([
+            sys.executable, "-m", router, "--pd-disaggregation",
+            "--prefill", f"http://127.0.0.1:{p_port}", str(boot), "--decode", f"http://127.0.0.1:{d_port}",
+            "--host", "127.0.0.1", "--port", str(r_port)], stdout=open(logs[2], "wb"), stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{r_port}"
+        wait_healthy(procs[2], url, "router", logs[2])
+    except BaseException:
+        Deployment(procs, "").stop()
+        raise
+    return Deployment(procs, url)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -89,14 +139,14 @@ def run_concurrently(args: argparse.Namespace, policies: list[str], out_dir: Pat
     servers = [start(args, p, out_dir / f"server_{p}.log") for p in policies]
     outs = [out_dir / f"{p.replace('+', '_plus')}.jsonl" for p in policies]
     try:
-        clients = [subprocess.Popen(bench_cmd(args, url, out), stdout=subprocess.DEVNULL)
-                   for (_, url), out in zip(servers, outs)]
+        clients = [subprocess.Popen(bench_cmd(args, d.url, out), stdout=subprocess.DEVNULL)
+                   for d, out in zip(servers, outs)]
         for c in clients:
             if c.wait() != 0:
                 raise RuntimeError(f"bench_serving failed: {c.args}")
     finally:
-        for proc, _ in servers:
-            stop(proc)
+        for d in servers:
+            d.stop()
     return {p: json.loads(o.read_text().splitlines()[-1]) for p, o in zip(policies, outs)}
 
 
@@ -124,6 +174,10 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--out-dir", default="out/decode_policies")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--pd", action="store_true",
+                    help="1P+1D behind SGLang's router per policy (the decode server runs the policy)")
+    ap.add_argument("--router", choices=("sglang", "ours"), default="sglang",
+                    help="with --pd: SGLang's router (as the quickstart) or sglang-pd-router")
     ap.add_argument("--concurrent", action="store_true",
                     help="run the policies' servers and clients at the same time (fair on a shared machine)")
     ap.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
@@ -135,13 +189,15 @@ def main() -> None:
     if args.concurrent:
         results = run_concurrently(args, policies, out_dir)
     for policy in [] if args.concurrent else policies:
-        proc, url = start(args, policy, out_dir / f"server_{policy}.log")
+        deployment = start(args, policy, out_dir / f"server_{policy}.log")
         try:
-            results[policy] = bench(args, url, out_dir / f"{policy.replace('+', '_plus')}.jsonl")
+            results[policy] = bench(args, deployment.url, out_dir / f"{policy.replace('+', '_plus')}.jsonl")
         finally:
-            stop(proc)
+            deployment.stop()
     base = results.get("continuous")
-    print(f"\nSLO TPOT {args.slo_tpot_ms} ms, {args.num_prompts} requests, mix {args.length_mix}")
+    router = "SGLang's router" if args.router == "sglang" else "sglang-pd-router"
+    where = f"1P+1D behind {router}" if args.pd else "colocated"
+    print(f"\nSLO TPOT {args.slo_tpot_ms} ms, {args.num_prompts} requests, mix {args.length_mix}, {where}")
     print(f"{'policy':<11}{'TPOT att':>9}{'ITL p99':>10}{'p50 tok/s':>10}{'p90 tok/s':>10}{'total':>10}"
           "   (per-request decode tok/s; total tok/s)")
     for policy, r in results.items():
