@@ -37,22 +37,28 @@ class LarsPrefillPolicy(DeadlinePolicy):
 
     def rhos(self, q: Queue, now: float) -> np.ndarray:
         works = self.works(q)
-        # a fresh request's total work is its remaining work (no KV in the pool yet); the
-        # started ones (a few) are worked out alone
-        total = works
-        if q.n_started:
-            st = (~q.fresh).nonzero()[0]
-            total = works.copy()
-            new, cached = q.pre[st] + q.rem[st] - q.cached[st], q.cached[st]
-            if len(st) <= FEW:  # one by one (``request_s``: the same numbers) beats ~20 array ops
-                total[st] = [self.model.request_s(x, h, self.chunk)
-                             for x, h in zip(new.tolist(), cached.tolist())]
-            else:
-                total[st] = self.model.request_times_array(new, cached, self.chunk, empty_is_zero=True)
         rho = self.deadlines(q)
         rho -= now
         rho -= works
-        rho /= np.maximum(total, 1e-9)
+        if not q.n_started:  # all fresh: total work = remaining work (no KV in the pool yet)
+            rho /= np.maximum(works, 1e-9)
+            return rho
+        # the started ones' total work differs: a few, worked out alone (``request_s``, the
+        # same numbers as the array formula) after the fresh ones' division, which beats ~10
+        # array operations on them
+        st = (~q.fresh).nonzero()[0]
+        if len(st) > FEW:
+            total = works.copy()
+            total[st] = self.model.request_times_array(q.pre[st] + q.rem[st] - q.cached[st], q.cached[st],
+                                                       self.chunk, empty_is_zero=True)
+            rho /= np.maximum(total, 1e-9)
+            return rho
+        pre, rem, cached, request_s, chunk = q.pre, q.rem, q.cached, self.model.request_s, self.chunk
+        slack = [(i, rho.item(i)) for i in st.tolist()]
+        rho /= np.maximum(works, 1e-9)
+        for i, s in slack:
+            h = cached.item(i)
+            rho[i] = s / max(request_s(pre.item(i) + rem.item(i) - h, h, chunk), 1e-9)
         return rho
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:

@@ -14,6 +14,7 @@ from sglang_pd.scheduling.waiting import WaitingQueue
 
 
 RADIX_MIN, RADIX_SPAN = 64, 1 << 16  # integer keys sorted as uint16 (radix): how many, range
+_NO_POS = np.empty(0, dtype=np.intp)
 
 
 class Queue(Generic[R]):
@@ -193,6 +194,11 @@ class Order:
         seen[h] = True
         return np.concatenate((rest, self._sorted((mask & ~seen).nonzero()[0])))
 
+    def known(self, p: int) -> np.ndarray:
+        """The positions past the first ``p`` of the order that are already sorted (what
+        ``head`` last gave, or all of them once sorted whole), in order."""
+        h = self._head
+        return _NO_POS if h is None else h[p:]
 
     def rest(self, p: int, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The positions past the first ``p`` of the order (``p`` <= what ``head`` gave) where

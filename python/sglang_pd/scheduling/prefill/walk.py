@@ -193,16 +193,46 @@ def _tail(q: Queue, order: Order, p: int, tokens: int, slots: int, chunk: int,
     what is left and the step ends; a request with nothing to prefill ends it."""
     rem_all, fresh_all = q.rem, q.fresh
     started = q.n_started > 0
+    got: list[int] = []
+    got_n: list[int] = []
+    if slots <= 0 and not started:
+        return
+    # first the part of the order already sorted (``Order.known``: the block the walk read,
+    # where the tail mostly ends): one scan, no pass over the whole queue
+    seg = order.known(p)
+    if len(seg):
+        f = fresh_all[seg]
+        # those that may go now: a superset of those that will (the limits only tighten)
+        may = ~f if slots <= 0 else ~f | (rem_all[seg] <= min(tokens, chunk))
+        js = may.nonzero()[0]
+        done = False
+        for i, x, fr in zip(seg[js].tolist(), rem_all[seg[js]].tolist(), f[js].tolist()):
+            if fr and (slots <= 0 or x > min(tokens, chunk)):
+                continue  # no slot left, or too long for the tokens left: skipped
+            if x <= 0:
+                done = True  # nothing to prefill: the walk ends at its turn
+                break
+            n = min(x, chunk, tokens)
+            got.append(i)
+            got_n.append(n)
+            tokens -= n
+            slots -= fr
+            if tokens <= 0 or (slots <= 0 and not started):
+                done = True
+                break
+        if done:
+            _add(pos, ns, got, got_n)
+            return
+        p += len(seg)
     # the length that must fit the tokens left: 0 for a started one (it always goes)
     fit = np.where(fresh_all, q.remf, 0.0) if started else q.remf
     if slots > 0:
         allowed = fit <= min(tokens, chunk)
-    elif started:
-        allowed = ~fresh_all
     else:
-        return
+        allowed = ~fresh_all
     idx, key, group = order.rest(p, allowed)
     if not len(idx):
+        _add(pos, ns, got, got_n)
         return
     # one array, a column per request (one ``compress`` filters them all): key, fit,
     # position, group
@@ -211,8 +241,6 @@ def _tail(q: Queue, order: Order, p: int, tokens: int, slots: int, chunk: int,
     if group is not None:  # by group (stable: queue order within one): the first group leads
         t[3] = group
         t = t[:, stable_argsort(group)]
-    got: list[int] = []
-    got_n: list[int] = []
     while True:
         if group is None:
             j = first_of(t[0], None)
@@ -239,6 +267,11 @@ def _tail(q: Queue, order: Order, p: int, tokens: int, slots: int, chunk: int,
         t = t.compress(keep, axis=1)
         if not t.shape[1]:
             break
+    _add(pos, ns, got, got_n)
+
+
+def _add(pos: list[np.ndarray], ns: list[np.ndarray], got: list[int], got_n: list[int]) -> None:
+    """Add the tail's grants to the plan."""
     if got:
         pos.append(np.array(got, dtype=np.intp))
         ns.append(np.array(got_n, dtype=np.int64))
