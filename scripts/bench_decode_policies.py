@@ -18,22 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from server_procs import free_port, stop, wait_healthy
+
 
 POLICIES = ("continuous", "slack", "slack+")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Deployment:
@@ -47,19 +39,10 @@ class Deployment:
             stop(proc)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, what: str, log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"{what} not healthy in 300 s; see {log}")
+def require_healthy(proc: subprocess.Popen, url: str, what: str, log: Path) -> None:
+    if not wait_healthy(url, proc):
+        stop(proc)
+        raise RuntimeError(f"{what} not healthy (exit code {proc.poll()}); see {log}")
 
 
 def server_cmd(args: argparse.Namespace, port: int, extra: list[str]) -> list[str]:
@@ -76,9 +59,9 @@ def start(args: argparse.Namespace, policy: str, log: Path) -> Deployment:
         return start_pd(args, policy, log)
     port = free_port()
     proc = subprocess.Popen(server_cmd(args, port, ["--decode-policy", policy]),
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(proc, url, f"server for {policy}", log)
+    require_healthy(proc, url, f"server for {policy}", log)
     return Deployment([proc], url)
 
 
@@ -90,31 +73,22 @@ def start_pd(args: argparse.Namespace, policy: str, log: Path) -> Deployment:
     try:
         procs.append(subprocess.Popen(server_cmd(args, p_port, [
             "--mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
-            stdout=open(logs[0], "wb"), stderr=subprocess.STDOUT))
+            stdout=open(logs[0], "wb"), stderr=subprocess.STDOUT, start_new_session=True))
         procs.append(subprocess.Popen(server_cmd(args, d_port, ["--mode", "decode", "--decode-policy", policy]),
-                                      stdout=open(logs[1], "wb"), stderr=subprocess.STDOUT))
-        wait_healthy(procs[0], f"http://127.0.0.1:{p_port}", "prefill server", logs[0])
-        wait_healthy(procs[1], f"http://127.0.0.1:{d_port}", f"decode server ({policy})", logs[1])
+                                      stdout=open(logs[1], "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+        require_healthy(procs[0], f"http://127.0.0.1:{p_port}", "prefill server", logs[0])
+        require_healthy(procs[1], f"http://127.0.0.1:{d_port}", f"decode server ({policy})", logs[1])
         router = "sglang_router.launch_router" if args.router == "sglang" else "sglang_pd_router"
         procs.append(subprocess.Popen([
             sys.executable, "-m", router, "--pd-disaggregation",
             "--prefill", f"http://127.0.0.1:{p_port}", str(boot), "--decode", f"http://127.0.0.1:{d_port}",
-            "--host", "127.0.0.1", "--port", str(r_port)], stdout=open(logs[2], "wb"), stderr=subprocess.STDOUT))
+            "--host", "127.0.0.1", "--port", str(r_port)], stdout=open(logs[2], "wb"), stderr=subprocess.STDOUT, start_new_session=True))
         url = f"http://127.0.0.1:{r_port}"
-        wait_healthy(procs[2], url, "router", logs[2])
+        require_healthy(procs[2], url, "router", logs[2])
     except BaseException:
         Deployment(procs, "").stop()
         raise
     return Deployment(procs, url)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def bench_cmd(args: argparse.Namespace, url: str, out: Path) -> list[str]:

@@ -29,14 +29,14 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICIES = "fcfs,kairos,kairos+,lars,edf,dual"
@@ -76,39 +76,6 @@ def policy_server_args(name: str, short_threshold: int) -> list[str]:
         return ["--prefill-policy", base, "--prefill-queues", "dual",
                 "--short-prefill-threshold", str(short_threshold)]
     return ["--prefill-policy", name]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM the server's process group (frontend + engine), SIGKILL after the grace time."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def tracebacks_in(log: Path) -> list[str]:

@@ -23,36 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from server_procs import stop, wait_healthy
 from sglang_pd.bench.metrics import percentile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.sim.cluster import Cluster, ClusterSpec
 from sglang_pd.sim.profiles import build_cost
 from sglang_pd.sim.workload import Arrival, Workload
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        if proc.poll() is not None:
-            sys.exit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"server at {url} not healthy after {timeout_s:.0f} s")
 
 
 def real_run(a: argparse.Namespace, out: Path) -> dict:
@@ -63,14 +45,14 @@ def real_run(a: argparse.Namespace, out: Path) -> dict:
     proc = subprocess.Popen(server, stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        wait_healthy(f"http://127.0.0.1:{a.port}", proc)
+        if not wait_healthy(f"http://127.0.0.1:{a.port}", proc):
+            sys.exit(f"server on :{a.port} not healthy (exit code {proc.poll()}); see {out / 'server.log'}")
         bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--backend", "sglang", "--port", str(a.port),
                  "--dataset-name", "trace", "--dataset-path", a.trace, "--num-prompts", str(a.num_prompts),
                  "--time-scale", str(a.time_scale), "--output-details", "--output-file", str(out / "bench.jsonl")]
         subprocess.run(bench, check=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop(proc, grace_s=60)
     return json.loads((out / "bench.jsonl").read_text().splitlines()[-1])
 
 
