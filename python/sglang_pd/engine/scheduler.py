@@ -114,7 +114,7 @@ class Scheduler:
         self.max_prefill_tokens = max(cfg.max_prefill_tokens, cfg.chunked_prefill_size)
         # arrival order, with the columns the prefill policies read (scheduling/waiting.py): every
         # change to a waiting request's lengths goes through here and is written back (refresh)
-        self.waiting: WaitingQueue = WaitingQueue()
+        self.waiting: WaitingQueue = WaitingQueue(chunk=cfg.chunked_prefill_size)
         self.running: list[SchedulerReq] = []  # admission order
         self.parked: dict[SchedulerReq, None] = {}  # held outside the queues (PD), insertion order
         self.quarantine: dict[object, list[int]] = {}  # pages a peer may still write, by key

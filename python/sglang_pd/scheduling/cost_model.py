@@ -206,57 +206,44 @@ class PrefillCostModel:
         tokens per step (None: one step). Equals the sum of ``step_s`` over its chunks."""
         if new_tokens <= 0:
             return 0.0
+        n, quad, ctx = work_features(new_tokens, context_tokens, chunk)
         c = self.coeffs
-        r, h0 = new_tokens, context_tokens
-        n = 1 if not chunk or chunk >= r else -(-r // chunk)
-        step = r if n == 1 else chunk
-        ctx_sum = n * h0 + step * n * (n - 1) // 2  # context before each chunk, summed
-        return (n * (c.launch_s + c.per_req_s) + c.a * r * (r + 2 * h0) + (c.b + c.g_w) * r
-                + c.g_r * ctx_sum)
+        return n * (c.launch_s + c.per_req_s) + c.a * quad + (c.b + c.g_w) * new_tokens + c.g_r * ctx
 
     def request_times(self, new_tokens: Sequence[int], context_tokens: Sequence[int],
                       chunk: int) -> list[float]:
-        """``request_s`` of many requests at once (one pass, for a whole queue)."""
+        """``request_s`` of many requests at once (one pass, for a whole queue; 0 new tokens
+        is charged one launch here)."""
         c = self.coeffs
         fixed, a, k, gr = c.launch_s + c.per_req_s, c.a, c.b + c.g_w, c.g_r
         out = []
         append = out.append
         for r, h in zip(new_tokens, context_tokens):
-            if r <= chunk:
-                append(fixed + a * r * (r + 2 * h) + k * r + gr * h)
-            else:
-                n = -(-r // chunk)
-                append(n * fixed + a * r * (r + 2 * h) + k * r + gr * (n * h + chunk * n * (n - 1) // 2))
+            n, quad, ctx = work_features(r, h, chunk)
+            append(max(n, 1) * fixed + a * quad + k * r + gr * ctx)
         return out
 
     def request_times_array(self, new_tokens: np.ndarray, context_tokens: np.ndarray, chunk: int,
                             empty_is_zero: bool = False) -> np.ndarray:
-        """``request_times`` over arrays of whole numbers, int or float (float64 holds them
-        exactly: the same numbers either way, and float inputs skip a cast per operation).
-        Same formula, same order of the float operations, so the same float64 numbers. One
-        pass for everyone (issue 20: few array operations): the chunked formula with n = 1 for
-        a request of at most one chunk IS the one-chunk formula (1 * fixed = fixed, context sum
-        = H). ``empty_is_zero``: 0 s for no new tokens, as ``request_s`` (``request_times``
-        charges those one launch)."""
-        c = self.coeffs
-        fixed, a, k, gr = c.launch_s + c.per_req_s, c.a, c.b + c.g_w, c.g_r
-        r, h = new_tokens, context_tokens
-        # whole numbers in float64, all exact (well below 2**53): chunks ceil(r / chunk), at
-        # least 1 (a quotient that is not whole is not rounded onto one)
-        n = np.ceil(r / chunk)
-        np.maximum(n, 1.0, out=n)
-        ctx = n - 1.0  # context before each chunk, summed: n H + chunk n (n - 1) / 2
-        ctx *= n
-        ctx *= 0.5 * chunk
-        ctx += n * h
-        out = n * fixed  # n fixed + a r (r + 2H) + k r + g_r ctx, summed in that order
-        t = a * r
-        t *= r + 2 * h
-        out += t
-        out += k * r
-        out += gr * ctx
+        """``request_times`` over arrays of whole numbers, int or float (``work_features_array``
+        then ``times_of``). ``empty_is_zero``: 0 s for no new tokens, as ``request_s``
+        (``request_times`` charges those one launch)."""
+        r = new_tokens if new_tokens.dtype == np.float64 else new_tokens.astype(np.float64)
+        out = self.times_of(*work_features_array(r, context_tokens, chunk), r)
         if empty_is_zero:
             out[r <= 0] = 0.0
+        return out
+
+    def times_of(self, chunks: np.ndarray, quad: np.ndarray, ctx: np.ndarray,
+                 new_tokens: np.ndarray) -> np.ndarray:
+        """``request_s`` from ``work_features`` columns (float64; the waiting queue keeps them,
+        ``scheduling/waiting.py``): four products and three sums, in ``request_s``'s order, so
+        the same float64 numbers (the features are whole numbers, exact in float64)."""
+        c = self.coeffs
+        out = chunks * (c.launch_s + c.per_req_s)
+        out += c.a * quad
+        out += (c.b + c.g_w) * new_tokens
+        out += c.g_r * ctx
         return out
 
     def boundary_tokens(self, context_tokens: int = 0) -> float | None:
@@ -374,3 +361,28 @@ def _nnls(A: list[float], v: list[float]) -> list[float] | None:
             if obj < best_obj:
                 best, best_obj = theta, obj
     return best
+
+
+def work_features(new_tokens: int, context_tokens: int, chunk: int | None) -> tuple[int, int, int]:
+    """What ``request_s`` needs of a request besides the coefficients, all whole numbers: chunks
+    n (one per step, at least 1), r(r + 2H) (the attention pairs of all chunks together) and the
+    context before each chunk, summed (n H + chunk n(n - 1) / 2)."""
+    r, h = new_tokens, context_tokens
+    n = 1 if not chunk or chunk >= r else -(-r // chunk)
+    return n, r * (r + 2 * h), n * h + chunk * n * (n - 1) // 2 if n > 1 else h
+
+
+def work_features_array(new_tokens: np.ndarray, context_tokens: np.ndarray,
+                        chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``work_features`` over arrays (float64 results, the same whole numbers)."""
+    r, h = new_tokens, context_tokens
+    n = np.ceil(r / chunk)  # a quotient that is not whole is not rounded onto one (r << 2**53)
+    np.maximum(n, 1.0, out=n)
+    ctx = n - 1.0
+    ctx *= n
+    ctx *= 0.5 * chunk  # n (n - 1) is even: exact
+    ctx += n * h
+    quad = 2.0 * h
+    quad += r
+    quad *= r
+    return n, quad, ctx

@@ -6,8 +6,12 @@ the arrival-ordered list of requests (a ``list`` subclass: every caller that rea
 compares it with one or concatenates it keeps working) and also holds, position for position,
 numpy columns of the numbers the policies read: arrival, TTFT SLO (NaN when the request has
 none, i.e. ``slo_ttft_s`` is falsy: the policies fill their default), prefilled_len,
-cached_len, prefill_remaining. ``scheduling/prefill/common.py: Queue`` reads these columns
-instead of the requests.
+cached_len, prefill_remaining, and each request's work features for the configured chunk size
+(``cost_model.work_features``: chunks, r(r + 2H), context summed over the chunks), from which a
+work estimate is four products and three sums. It also counts neighbour pairs with equal and with
+decreasing arrivals (``ordered``, ``distinct``), kept as requests come and go, so FCFS finish
+times can skip their tie pass. ``scheduling/prefill/order.py: Queue`` reads these columns instead
+of the requests.
 
 Who keeps them right: the owner of the queue (``engine/scheduler.py: Scheduler``) adds and
 removes requests only through the list methods below, which update the columns of the requests
@@ -25,19 +29,21 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from sglang_pd.scheduling.cost_model import work_features
 from sglang_pd.scheduling.types import SchedReq
 
 # float columns, then int columns (one 2-D array each: an insert or removal shifts one block);
 # remaining and prefilled are also kept as floats (exact: whole numbers below 2**53), which the
 # cost model's array arithmetic reads without a cast per operation
-ARRIVAL, SLO, REMAINING_F, PREFILLED_F = 0, 1, 2, 3
+ARRIVAL, SLO, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(7)
 PREFILLED, CACHED, REMAINING = 0, 1, 2
-_NF = 4
+_NF = 7
 _MIN_CAP = 64
 
 
-def _floats(r: SchedReq) -> tuple[float, float, float, float]:
-    return r.arrival, (r.slo_ttft_s or math.nan), float(r.prefill_remaining), float(r.prefilled_len)
+def _floats(r: SchedReq, chunk: int | None) -> tuple[float, ...]:
+    return (r.arrival, (r.slo_ttft_s or math.nan), float(r.prefill_remaining), float(r.prefilled_len),
+            *work_features(r.prefill_remaining, r.prefilled_len, chunk))
 
 
 def _ints(r: SchedReq) -> tuple[int, int, int]:
@@ -47,17 +53,45 @@ def _ints(r: SchedReq) -> tuple[int, int, int]:
 class WaitingQueue(list):
     """Requests in arrival order, with numpy columns of their numbers (module docstring)."""
 
-    def __init__(self, reqs: Iterable[SchedReq] = ()) -> None:
+    def __init__(self, reqs: Iterable[SchedReq] = (), chunk: int | None = None) -> None:
         super().__init__(reqs)
+        self.chunk = chunk  # the chunk size of the work features (``work_features``)
+        self._views: tuple[np.ndarray, ...] | None = None
         n = super().__len__()
         cap = max(_MIN_CAP, 2 * n)
         self._f = np.empty((_NF, cap), dtype=np.float64)
         self._i = np.empty((3, cap), dtype=np.int64)
         self._o = np.empty(cap, dtype=object)
         for k, r in enumerate(self):
-            self._f[:, k] = _floats(r)
+            self._f[:, k] = _floats(r, chunk)
             self._i[:, k] = _ints(r)
             self._o[k] = r
+        self._count_pairs()
+
+    # ------------------------------------------------------------------ arrival order
+    def _count_pairs(self) -> None:
+        """Count the neighbours with equal arrivals and those out of order (from scratch)."""
+        a = self._f[ARRIVAL, : len(self)]
+        self._ties = int(np.count_nonzero(a[1:] == a[:-1]))
+        self._inversions = int(np.count_nonzero(a[1:] < a[:-1]))
+
+    def _pair(self, left: int, right: int, sign: int) -> None:
+        """Count the neighbour pair at positions (left, right) in (sign 1) or out (-1)."""
+        x, y = self._f[ARRIVAL, left], self._f[ARRIVAL, right]
+        if x == y:
+            self._ties += sign
+        elif x > y:
+            self._inversions += sign
+
+    @property
+    def ordered(self) -> bool:
+        """Arrivals ascending (as ``add`` keeps them; ``insert`` at any place may not)."""
+        return self._inversions == 0
+
+    @property
+    def distinct(self) -> bool:
+        """Arrivals ascending and no two equal: FCFS finish times need no tie handling."""
+        return self._inversions == 0 and self._ties == 0
 
     # ------------------------------------------------------------------ columns (views)
     @property
@@ -79,6 +113,13 @@ class WaitingQueue(list):
         """``prefilled`` as float64."""
         return self._f[PREFILLED_F, : len(self)]
 
+    def work_features(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``cost_model.work_features`` of every request for chunks of ``self.chunk``, as
+        float64 columns: chunks, r(r + 2H), context summed over the chunks. A prefill policy's
+        work estimate is four products and three sums over these (``times_of``)."""
+        n = len(self)
+        return self._f[CHUNKS, :n], self._f[QUAD, :n], self._f[CONTEXT_SUM, :n]
+
     @property
     def prefilled(self) -> np.ndarray:
         return self._i[PREFILLED, : len(self)]
@@ -95,6 +136,20 @@ class WaitingQueue(list):
     def objects(self) -> np.ndarray:
         """The requests as an object array (``objects[idx].tolist()`` picks many at C speed)."""
         return self._o[: len(self)]
+
+    def views(self) -> tuple[np.ndarray, ...]:
+        """Every column at once, as ``Queue`` reads them: arrival, slo, remaining_f,
+        prefilled_f, the three work features, prefilled, cached, remaining, objects. Views of
+        the storage, made again only when the length or the storage changed (a decision reads
+        them all; making nine views costs microseconds)."""
+        n, f = len(self), self._f
+        v = self._views
+        if v is None or len(v[0]) != n or v[0].base is not f:
+            i = self._i
+            v = self._views = (f[ARRIVAL, :n], f[SLO, :n], f[REMAINING_F, :n], f[PREFILLED_F, :n],
+                               f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
+                               i[CACHED, :n], i[REMAINING, :n], self._o[:n])
+        return v
 
     # ------------------------------------------------------------------ finding
     def position(self, req: SchedReq) -> int:
@@ -135,14 +190,20 @@ class WaitingQueue(list):
         n = len(self)
         k = min(max(index + n if index < 0 else index, 0), n)
         self._grow(n + 1)
+        if 0 < k < n:
+            self._pair(k - 1, k, -1)  # split by the new one
         if k < n:  # numpy copies overlapping slices correctly
             self._f[:, k + 1: n + 1] = self._f[:, k:n]
             self._i[:, k + 1: n + 1] = self._i[:, k:n]
             self._o[k + 1: n + 1] = self._o[k:n]
-        self._f[:, k] = _floats(req)
+        self._f[:, k] = _floats(req, self.chunk)
         self._i[:, k] = _ints(req)
         self._o[k] = req
         list.insert(self, k, req)
+        if k > 0:
+            self._pair(k - 1, k, 1)
+        if k < n:
+            self._pair(k, k + 1, 1)
 
     def append(self, req: SchedReq) -> None:  # type: ignore[override]
         self.insert(len(self), req)
@@ -168,10 +229,16 @@ class WaitingQueue(list):
         k = index + n if index < 0 else index
         if not 0 <= k < n:
             raise IndexError("pop index out of range")
+        if k > 0:
+            self._pair(k - 1, k, -1)
+        if k < n - 1:
+            self._pair(k, k + 1, -1)
         self._f[:, k: n - 1] = self._f[:, k + 1: n]
         self._i[:, k: n - 1] = self._i[:, k + 1: n]
         self._o[k: n - 1] = self._o[k + 1: n]
         self._o[n - 1] = None
+        if 0 < k < n - 1:
+            self._pair(k - 1, k, 1)  # the neighbours it separated
         return list.pop(self, k)
 
     def remove(self, req: SchedReq) -> None:  # type: ignore[override]
@@ -185,6 +252,7 @@ class WaitingQueue(list):
     def clear(self) -> None:
         self._o[: len(self)] = None
         list.clear(self)
+        self._ties = self._inversions = 0
 
     def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
         raise TypeError("WaitingQueue keeps arrival order: use add/insert/remove")
@@ -203,8 +271,7 @@ class WaitingQueue(list):
         Arrival and SLO are fixed while a request waits."""
         k = self.position(req)
         self._i[:, k] = _ints(req)
-        self._f[REMAINING_F, k] = req.prefill_remaining
-        self._f[PREFILLED_F, k] = req.prefilled_len
+        self._f[REMAINING_F:, k] = _floats(req, self.chunk)[REMAINING_F:]
 
     # ------------------------------------------------------------------ subsets and checks
     def subset(self, idx: Sequence[int] | np.ndarray) -> "WaitingQueue":
@@ -213,6 +280,8 @@ class WaitingQueue(list):
         idx = np.asarray(idx, dtype=np.intp)
         out = WaitingQueue.__new__(WaitingQueue)
         list.__init__(out, self._o[idx].tolist())
+        out.chunk = self.chunk
+        out._views = None
         m = len(idx)
         cap = max(_MIN_CAP, m)
         out._f = np.empty((_NF, cap), np.float64)
@@ -221,18 +290,24 @@ class WaitingQueue(list):
         out._f[:, :m] = self._f[:, idx]
         out._i[:, :m] = self._i[:, idx]
         out._o[:m] = self._o[idx]
+        out._count_pairs()
         return out
 
     def check(self) -> None:
         """Raise if a column disagrees with its request (a number changed behind the queue)."""
         n = len(self)
         for k, r in enumerate(self):
-            f = _floats(r)
+            f = _floats(r, self.chunk)
             if (self._f[ARRIVAL, k] != f[0] or self._o[k] is not r
                     or tuple(self._f[REMAINING_F:, k].tolist()) != f[2:]
                     or not (self._f[SLO, k] == f[1] or (math.isnan(f[1]) and math.isnan(self._f[SLO, k])))
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
                                    f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")
+        ties, inversions = self._ties, self._inversions
+        self._count_pairs()
+        if (ties, inversions) != (self._ties, self._inversions):
+            raise RuntimeError(f"waiting queue counted {ties} equal and {inversions} unordered arrival "
+                               f"neighbours, not {self._ties} and {self._inversions}")
         if n < self._o.shape[0] and any(x is not None for x in self._o[n:].tolist()):
             raise RuntimeError("waiting queue holds references past its end")

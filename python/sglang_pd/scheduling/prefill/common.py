@@ -77,7 +77,8 @@ class DeadlinePolicy(PrefillPolicy):
         return self.model.request_s(req.prefill_remaining, req.prefilled_len, self.chunk)
 
     def works(self, q: Queue) -> np.ndarray:
-        return self.model.request_times_array(q.remf, q.pref, self.chunk)
+        n, quad, ctx = q.work_features(self.chunk)
+        return self.model.times_of(n, quad, ctx, q.remf)
 
     def total_work_s(self, req: R) -> float:
         """Seconds of the whole prefill from its prefix hits on (Medha's w_total)."""
@@ -105,18 +106,19 @@ class DeadlinePolicy(PrefillPolicy):
         return walk(q, order, budget, self.max_partial, cut=cut)
 
 
-def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float) -> np.ndarray:
+def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float, distinct: bool = False) -> np.ndarray:
     """Kairos Alg. 2 for every request at once: the finish time of each under FCFS from ``now``,
     counting all requests that arrived at or before it (``<=``: equal arrivals count each
     other). Every waiting request has arrived, so max(t, arrival) = t and this is a prefix sum
     over the arrival order (``arrivals`` ascending; ``np.cumsum`` adds left to right, as a
-    loop would). A run of equal arrivals all finish when its last one does. O(n)."""
+    loop would). A run of equal arrivals all finish when its last one does. O(n).
+    ``distinct``: the caller knows no two arrivals are equal (``Queue.distinct``): no runs."""
     n = len(works)
     fin = works.astype(np.float64)  # a copy: now + w0, then one sum after another, in place
     if n:
         fin[0] += now
         fin.cumsum(out=fin)
-    if n > 1:
+    if n > 1 and not distinct:
         eq = arrivals[1:] == arrivals[:-1]
         if eq.any():  # some equal neighbours
             ends = (~eq).nonzero()[0]  # last index of each run but the last

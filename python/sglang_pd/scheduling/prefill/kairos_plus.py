@@ -33,9 +33,10 @@ work), the long one is run just in time when it has to (groups 2 then 0), and a 
 cannot make it no longer blocks short ones that can (group 5 after 2-4).
 
 Speed (issue 20): the rule "others join only as long as their time fits in the urgent one's
-laxity" is applied to the walk's whole plan at once (``cut`` in ``schedule``: the running
+laxity" is applied to the walk's plan as a whole (``RoomCut``: a short loop, then the running
 subtraction as ``np.subtract.accumulate``, exact); with a step-time budget, whose chunker sizes
-chunks request by request, it is asked per request (``fits``), as first written.
+chunks request by request, it is asked per request (``fits``), as first written. On-time vs late
+(groups 3 and 4) is worked out only when the walk reads past groups 0-2 (``_classify``).
 
 Parameters: ``SAFETY`` (0.1, ours: margin against cost-model error, in the request's own work),
 ``prefill_starve_factor`` (PolicyConfig, 4), and the shared ones in ``common.py``. Every grant
@@ -44,7 +45,7 @@ goes through ``budget.grant`` (``common.walk``).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -52,10 +53,11 @@ from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.chunking import time_budget_s
 from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Order, Queue, fcfs_finish_array
-from sglang_pd.scheduling.waiting import WaitingQueue
 from sglang_pd.scheduling.types import PrefillBudget, R
 
-RESCUING, STARVING, URGENT, ON_TIME, SALVAGEABLE, LOST = range(6)
+RESCUING, STARVING, URGENT, ON_TIME, SALVAGEABLE, LOST = range(6)  # groups (uint8 array)
+_NO_POS = np.empty(0, dtype=np.intp)
+SHORT_PLAN = 8  # ``cut`` loops over plans this short, and uses array operations on longer ones
 GROUPS = ("rescuing", "starving", "urgent", "on_time", "salvageable", "lost")
 
 
@@ -67,97 +69,78 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         super().__init__(cfg, cost_model)
         self.starve_factor = self.cfg.prefill_starve_factor
         self._urgent: set = set()  # requests served as urgent: stay so until their prefill ends
-
-    def _served_urgent(self, q: Queue) -> np.ndarray:
-        """Which requests of the queue are in ``self._urgent`` (a few: found by position)."""
-        mask = np.zeros(len(q), dtype=bool)
-        urgent = self._urgent
-        if not urgent:
-            return mask
-        if isinstance(q.reqs, WaitingQueue):
-            for r in urgent:
-                try:
-                    mask[q.reqs.position(r)] = True
-                except ValueError:
-                    pass  # no longer waiting
-        else:
-            mask[:] = [r in urgent for r in q.reqs]
-        return mask
+        self._rescuing = _NO_POS  # positions of those still urgent in the last ``classify``
 
     def classify(self, q: Queue, now: float,
                  step_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every request's group, its key in the group (the order: by group, then key, ties in
         arrival order), laxity and work."""
+        group, key, lax, work, refine = self._classify(q, now, step_s)
+        refine()
+        return group, key, lax, work
+
+    def _classify(self, q: Queue, now: float, step_s: float
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Callable[[], None]]:
+        """``classify`` with ON_TIME and SALVAGEABLE not yet told apart (both ON_TIME, keyed by
+        work) until ``refine()`` is called, which rewrites them in place.
+
+        Speed (issue 20: each numpy call costs about a microsecond at 1,000 waiting, a masked
+        assignment three): groups and keys come from ``putmask`` over masks, the rare groups
+        (starving, rescuing) by assignment only when some request may be in them; telling
+        on-time from late needs the FCFS simulation (a prefix sum) and u, which the walk needs
+        only when it reads past the urgent requests (``Order``'s ``refine``): under overload,
+        when decisions matter most, it often does not. ``test_kairos_plus_classify_per_request``
+        checks both against the rules applied request by request."""
         work = self.works(q)
         a = q.arrival
-        fin = fcfs_finish_array(a, work, now)
         slos = q.slos(self.default_slo_s)
         d = a + slos
-        d -= self.margin_s
+        if self.margin_s:
+            d -= self.margin_s
         lax = d - now
         lax -= work
-        tight = lax <= step_s + self.SAFETY * work
-        # the groups by precedence, lowest written last (as np.select's first true condition)
-        on_time = fin <= d
-        group = SALVAGEABLE - on_time  # ON_TIME = SALVAGEABLE - 1
-        group[tight] = URGENT  # tight ones with laxity >= 0; the lost ones (all tight) next
-        group[lax < 0] = LOST
-        if len(a) and now - a.min() >= self.starve_factor * slos.min():  # else none waited so long
-            group[now - a >= self.starve_factor * slos] = STARVING
-        if self._urgent:
-            group[tight & self._served_urgent(q)] = RESCUING
-        # ON_TIME: u descending (-(d - fin) = fin - d exactly); RESCUING, URGENT: laxity;
-        # STARVING: arrival; others: work
-        fin -= d
-        fin /= slos
-        fin /= np.maximum(work, 1e-12)
-        key = np.where(group == ON_TIME, fin, work)
-        rush = group <= URGENT
-        if rush.any():
-            key[rush] = lax[rush]
-            starving = group == STARVING
-            key[starving] = a[starving]
-        return group, key, lax, work
+        limit = work * self.SAFETY
+        limit += step_s
+        tight = lax <= limit
+        lost = lax < 0  # all tight (the limit is >= 0)
+        group = np.full(len(a), ON_TIME, dtype=np.uint8)
+        np.putmask(group, tight, URGENT)  # tight ones with laxity >= 0; the lost ones next
+        np.putmask(group, lost, LOST)
+        key = np.where(tight > lost, lax, work)  # URGENT: laxity; others: work (ON_TIME's: below)
+        if len(a) and now - q.earliest_arrival() >= self.starve_factor * slos.min():  # else none waited so long
+            starving = now - a >= self.starve_factor * slos
+            group[starving] = STARVING
+            key[starving] = a[starving]  # oldest first
+        self._rescuing = _NO_POS
+        if self._urgent:  # RESCUING (over STARVING): laxity, lost ones too
+            pos = q.positions(self._urgent)
+            self._rescuing = pos = pos[tight[pos]]
+            group[pos] = RESCUING
+            key[pos] = lax[pos]
+
+        def refine() -> None:
+            """ON_TIME (finishing by the deadline under FCFS) keyed by u descending
+            (-(d - fin) = fin - d exactly), the others SALVAGEABLE (keyed by work)."""
+            fin = fcfs_finish_array(a, work, now, q.distinct)
+            pending = group == ON_TIME
+            on_time = fin <= d  # none lost (fin >= now + work)
+            np.putmask(group, pending > on_time, SALVAGEABLE)
+            fin -= d
+            fin /= slos
+            fin /= np.maximum(work, 1e-12)
+            np.putmask(key, pending & on_time, fin)
+
+        return group, key, lax, work, refine
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
         model = self.model
         step_s = model.request_s(budget.token_budget)  # the next decision comes after one step
-        group, key, laxity, work = self.classify(q, now, step_s)
+        group, key, laxity, work, refine = self._classify(q, now, step_s)
         safety = self.SAFETY
 
-        def room_at(pos: np.ndarray) -> np.ndarray:
-            """Seconds the urgent requests at ``pos`` can give away: laxity beyond the margin."""
-            return np.maximum(laxity[pos] - safety * work[pos], 0.0)
-
-        seen: list[np.ndarray] = []  # the plan's positions, as ``cut`` last saw them
-
-        def cut(pos: np.ndarray, ns: np.ndarray) -> int:
-            """How many of the plan to keep: the first whose time does not fit in the laxity
-            left of an urgent request before it ends the step (``fits``, on the whole plan)."""
-            seen.append(pos)
-            g = group[pos]
-            urgent = ((g == RESCUING) | (g == URGENT)).nonzero()[0]
-            if not len(urgent):
-                return len(pos)
-            rooms = room_at(pos[urgent]).tolist()
-            first = int(urgent[0])
-            delta = model.marginal_s_array(ns[first + 1:], q.pre[pos[first + 1:]])
-            # the spare seconds after each request: one subtraction after another, in plan
-            # order, as the loop (subtract.accumulate), min'd with each urgent one's room
-            spare, start = rooms[0], first + 1
-            for k, end in enumerate([*urgent[1:].tolist(), len(pos) - 1]):
-                d = delta[start - first - 1: end - first]  # requests start..end
-                chain = np.subtract.accumulate(np.concatenate(((spare,), d)))
-                over = (d > chain[:-1]).nonzero()[0]
-                if len(over):
-                    return start + int(over[0])
-                if k + 1 == len(rooms):
-                    break
-                spare, room = float(chain[-1]), rooms[k + 1]
-                spare = room if room < spare else spare  # min(spare, room), as the loop
-                start = end + 1
-            return len(pos)
+        cut = RoomCut(model, q.pre, group, laxity, work, safety)
+        room_at = cut.rooms
 
         room: dict | None = None  # urgent request -> its room, for ``fits``
         spare: list[float] = []
@@ -176,14 +159,96 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         if time_budget_s(self.cfg) is not None:
             rush = ((group == RESCUING) | (group == URGENT)).nonzero()[0]
             room = dict(zip(q.pick(rush), room_at(rush).tolist()))
-        plan = self.walk(q, Order(key, group), budget, fits if room else None, now=now, cut=cut)
+        plan = self.walk(q, Order(key, group, refine, ON_TIME), budget, fits if room else None, now=now, cut=cut)
         # rescuing from now on: urgent ones served before (group RESCUING: all of them) and
         # the urgent ones served now
-        urgent = set(q.pick((group == RESCUING).nonzero()[0])) if self._urgent else set()
+        urgent = set(q.pick(self._rescuing)) if len(self._rescuing) else set()
         if room is not None:
             urgent.update(r for r, _ in plan if r in room)
         elif plan:
-            g = group[seen[-1][: len(plan)]]
+            g = group[cut.last[: len(plan)]]
             urgent.update(r for (r, _), u in zip(plan, ((g == RESCUING) | (g == URGENT)).tolist()) if u)
         self._urgent = urgent
         return plan
+
+
+class RoomCut:
+    """kairos+'s limit on a plan (``walk.Cut``): once an urgent request is in the step, a later
+    request joins only while its time fits in the room left (what every urgent one so far can
+    give away: laxity beyond its margin, less the time of those after it); the first that does
+    not fit ends the step. ``fits`` in ``schedule`` asks the same rule request by request.
+
+    Speed (issue 20): the plan's first ``SHORT_PLAN`` requests are tried in a loop (the rule
+    often ends the step within a few, and a loop over a few costs less than array calls); a
+    plan that runs past them goes on with array operations: the spare seconds after each
+    request as one subtraction after another (``np.subtract.accumulate``), exactly the loop's
+    numbers. A plan that extends the last one seen uncut (the walk asks before and after its
+    tail) resumes where that one ended."""
+
+    def __init__(self, model: PrefillCostModel, pre: np.ndarray, group: np.ndarray, laxity: np.ndarray,
+                 work: np.ndarray, safety: float) -> None:
+        self.model, self.pre, self.group = model, pre, group
+        self.laxity, self.work, self.safety = laxity, work, safety
+        self.last = _NO_POS  # the plan's positions, as last seen
+        self._uncut: tuple[np.ndarray, float | None] | None = None  # the last plan if kept whole,
+        # and the room left after it (None: no urgent one in it)
+
+    def rooms(self, pos: np.ndarray) -> np.ndarray:
+        """Seconds the urgent requests at ``pos`` can give away: laxity beyond the margin."""
+        return np.maximum(self.laxity[pos] - self.safety * self.work[pos], 0.0)
+
+    def __call__(self, pos: np.ndarray, ns: np.ndarray) -> int:
+        """How many of the plan (queue positions, tokens) to keep."""
+        start, spare = 0, None
+        if self._uncut is not None:
+            last = self._uncut[0]
+            if len(last) <= len(pos) and np.array_equal(pos[: len(last)], last):
+                start, spare = len(last), self._uncut[1]  # its first part passed before
+        self.last, self._uncut = pos, None
+        g = self.group[pos[start:]]
+        m = min(len(pos) - start, SHORT_PLAN)
+        lax, work, safety, marginal = self.laxity, self.work, self.safety, self.model.marginal_s
+        pre = self.pre[pos[start: start + m]].tolist()
+        for j, (p, n, h, gj) in enumerate(zip(pos[start: start + m].tolist(), ns[start: start + m].tolist(),
+                                              pre, g[:m].tolist())):
+            if spare is not None:
+                delta = marginal(n, h)
+                if delta > spare:
+                    return start + j
+                spare -= delta
+            if gj == URGENT or gj == RESCUING:
+                room = max(float(lax[p]) - safety * float(work[p]), 0.0)
+                spare = room if spare is None or room < spare else spare
+        if start + m < len(pos):
+            k, spare = self._on_arrays(pos, ns, g[m:], start + m, spare)
+            if k < len(pos):
+                return k
+        self._uncut = (pos, spare)
+        return len(pos)
+
+    def _on_arrays(self, pos: np.ndarray, ns: np.ndarray, g: np.ndarray, start: int,
+                   spare: float | None) -> tuple[int, float | None]:
+        """The loop of ``__call__`` from ``start`` on (``g``: the groups from there), with
+        ``spare`` as it left it: how many to keep, and the spare after the last if all."""
+        urgent = ((g == RESCUING) | (g == URGENT)).nonzero()[0] + start
+        if spare is None:
+            if not len(urgent):
+                return len(pos), None
+            spare = float(self.rooms(pos[urgent[:1]])[0])
+            start, urgent = int(urgent[0]) + 1, urgent[1:]
+        base = start
+        delta = self.model.marginal_s_array(ns[base:], self.pre[pos[base:]])
+        rooms = self.rooms(pos[urgent]).tolist()
+        for k, end in enumerate([*urgent.tolist(), len(pos) - 1]):
+            d = delta[start - base: end - base + 1]  # requests start..end
+            chain = np.subtract.accumulate(np.concatenate(((spare,), d)))
+            over = (d > chain[:-1]).nonzero()[0]
+            if len(over):
+                return start + int(over[0]), None
+            spare = float(chain[-1])
+            if k == len(rooms):
+                break
+            room = rooms[k]
+            spare = room if room < spare else spare  # min(spare, room), as the loop
+            start = end + 1
+        return len(pos), spare

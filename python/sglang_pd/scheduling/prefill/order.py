@@ -5,15 +5,17 @@ operations, not a Python pass over every waiting request."""
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Generic, Sequence
+from typing import Callable, Generic, Iterable, Sequence
 
 import numpy as np
 
+from sglang_pd.scheduling.cost_model import work_features_array
 from sglang_pd.scheduling.types import R
 from sglang_pd.scheduling.waiting import WaitingQueue
 
 
 RADIX_MIN, RADIX_SPAN = 64, 1 << 16  # integer keys sorted as uint16 (radix): how many, range
+MIN_PART = 64  # a group is partitioned before its sort only when this many more than needed
 _NO_POS = np.empty(0, dtype=np.intp)
 
 
@@ -25,16 +27,16 @@ class Queue(Generic[R]):
     same array code on either, so both give the same decision."""
 
     __slots__ = ("reqs", "arrival", "slo", "pre", "cached", "rem", "fresh", "n_started", "_objs",
-                 "_remf", "_pref")
+                 "_remf", "_pref", "_features", "_ordered", "_distinct", "_src")
 
     def __init__(self, waiting: Sequence[R]) -> None:
         self.reqs = waiting
         if isinstance(waiting, WaitingQueue):
-            self.arrival, self.slo = waiting.arrival, waiting.slo
-            self.pre, self.cached, self.rem = waiting.prefilled, waiting.cached, waiting.remaining
-            self._objs: np.ndarray | None = waiting.objects
-            self._remf: np.ndarray | None = waiting.remaining_f
-            self._pref: np.ndarray | None = waiting.prefilled_f
+            (self.arrival, self.slo, self._remf, self._pref, n_chunks, quad, ctx, self.pre, self.cached,
+             self.rem, self._objs) = waiting.views()
+            self._features: tuple | None = (waiting.chunk, (n_chunks, quad, ctx))
+            # arrivals ascending / and all different (the queue counts its neighbour pairs)
+            self._ordered, self._distinct = waiting.ordered, waiting.distinct
         else:
             n = len(waiting)
             self.arrival = np.fromiter((r.arrival for r in waiting), np.float64, n)
@@ -42,7 +44,9 @@ class Queue(Generic[R]):
             self.pre = np.fromiter((r.prefilled_len for r in waiting), np.int64, n)
             self.cached = np.fromiter((r.cached_len for r in waiting), np.int64, n)
             self.rem = np.fromiter((r.prefill_remaining for r in waiting), np.int64, n)
-            self._objs = self._remf = self._pref = None
+            self._objs = self._remf = self._pref = self._features = None
+            self._ordered = self._distinct = False  # not known: not assumed
+        self._src: tuple[Queue, np.ndarray] | None = None  # a sub-queue's parent and positions
         # not started: no KV of its own yet (prefix-cache hits count as context, not as started)
         self.fresh = self.pre <= self.cached
         self.n_started = len(self.fresh) - int(np.count_nonzero(self.fresh))  # holding pages
@@ -64,6 +68,61 @@ class Queue(Generic[R]):
             self._pref = self.pre.astype(np.float64)
         return self._pref
 
+    def work_features(self, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``cost_model.work_features`` of every request: the waiting queue's columns when it
+        keeps them for this chunk size, else computed here."""
+        f = self._features
+        if f is None or f[0] != chunk:
+            src = self._src
+            if src is not None and src[0]._features is not None and src[0]._features[0] == chunk:
+                feats = tuple(x[src[1]] for x in src[0]._features[1])  # a sub-queue: its rows
+            else:
+                feats = work_features_array(self.remf, self.pref, chunk)
+            f = self._features = (chunk, feats)
+        return f[1]
+
+    def positions(self, reqs: Iterable[R]) -> np.ndarray:
+        """Where each of ``reqs`` that is in the queue is (a few: by arrival when the queue is
+        in arrival order, each checked by identity), in queue order."""
+        objs, reqs_ = self._objs, self.reqs
+        found: list[int] = []
+        if objs is not None and self.ordered:
+            a, n = self.arrival, len(self)
+            for r in reqs:
+                k = int(a.searchsorted(r.arrival))
+                while k < n and objs[k] is not r and a[k] == r.arrival:
+                    k += 1
+                if k < n and objs[k] is r:
+                    found.append(k)
+        else:
+            want = set(reqs)
+            found = [k for k, r in enumerate(reqs_) if r in want]
+        return np.array(sorted(found), dtype=np.intp)
+
+    @property
+    def ordered(self) -> bool:
+        """Arrivals known to be ascending."""
+        if self._ordered is None:
+            self._inherit_order()
+        return self._ordered  # type: ignore[return-value]
+
+    @property
+    def distinct(self) -> bool:
+        """Arrivals known to be ascending and all different (FCFS finish times need no ties)."""
+        if self._distinct is None:
+            self._inherit_order()
+        return self._distinct  # type: ignore[return-value]
+
+    def _inherit_order(self) -> None:
+        """A sub-queue in its parent's order keeps both properties."""
+        parent, idx = self._src  # type: ignore[misc]
+        asc = len(idx) < 2 or bool((idx[1:] > idx[:-1]).all())
+        self._ordered, self._distinct = parent.ordered and asc, parent.distinct and asc
+
+    def earliest_arrival(self) -> float:
+        a = self.arrival
+        return float(a[0] if self.ordered else a.min())
+
     def pick(self, idx: np.ndarray) -> list[R]:
         """``[reqs[i] for i in idx]``."""
         if self._objs is not None:
@@ -78,7 +137,8 @@ class Queue(Generic[R]):
         out.arrival, out.slo, out.pre = self.arrival[idx], self.slo[idx], self.pre[idx]
         out.cached, out.rem, out.fresh = self.cached[idx], self.rem[idx], self.fresh[idx]
         out.n_started = len(idx) - int(np.count_nonzero(out.fresh))
-        out._remf = out._pref = None
+        out._remf = out._pref = out._features = out._ordered = out._distinct = None
+        out._src = (self, idx)  # features and order properties taken from here when asked
         if self._objs is not None:
             out._objs = self._objs[idx]
             out.reqs = out._objs  # read by position only
@@ -113,19 +173,29 @@ class Order:
     ``first_of`` to pick the first of. A NaN at the k-th key, or k at least n / 2, sorts the
     whole queue. ``Order.of(perm)`` wraps an order computed elsewhere."""
 
-    __slots__ = ("key", "group", "n", "_head", "_full", "_radix")
+    __slots__ = ("key", "group", "n", "_head", "_full", "_radix", "_refine", "_refine_from")
 
-    def __init__(self, key: np.ndarray, group: np.ndarray | None = None) -> None:
+    def __init__(self, key: np.ndarray, group: np.ndarray | None = None,
+                 refine: Callable[[], None] | None = None, refine_from: int = 0) -> None:
         self.key, self.group, self.n = key, group, len(key)
         self._head: np.ndarray | None = None
         self._full: np.ndarray | None = None
         self._radix: bool | None = None
+        # groups >= refine_from are provisional: ``refine()`` rewrites their groups and keys in
+        # place (still >= refine_from), called only once the order is read past the groups below
+        self._refine, self._refine_from = refine, refine_from
+
+    def _refined(self) -> None:
+        if self._refine is not None:
+            refine, self._refine = self._refine, None
+            refine()
 
     @classmethod
     def of(cls, perm: Sequence[int] | np.ndarray) -> "Order":
         perm = np.asarray(perm, dtype=np.intp)
         o = cls.__new__(cls)
-        o.key = o.group = None
+        o.key = o.group = o._refine = None
+        o._refine_from = 0
         o.n = len(perm)
         o._head = o._full = perm
         o._radix = False
@@ -148,6 +218,7 @@ class Order:
         return by_key[np.argsort(self.group[by_key], kind="stable")]
 
     def full(self) -> np.ndarray:
+        self._refined()
         if self._full is None:
             if self.group is None:
                 self._full = stable_argsort(self.key)
@@ -170,21 +241,47 @@ class Order:
             if v != v:  # NaN: fewer than k numbers
                 return self.full()[:k]
             cand = (key <= v).nonzero()[0]
-        else:
-            cum = np.bincount(self.group).cumsum()
-            g = int(cum.searchsorted(k))  # the group the k-th request is in
-            need = k - (int(cum[g - 1]) if g else 0)
-            in_g = self.group == g
-            v = np.partition(key[in_g], need - 1)[need - 1]
-            if v != v:
+        else:  # group by group, lowest first: each one's own positions, sorted by key
+            parts, need = self._group_heads(k)
+            if need is None:
                 return self.full()[:k]
-            cand = ((self.group < g) | (in_g & (key <= v))).nonzero()[0]
+            self._head = h = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            return h
         h = self._head = self._sorted(cand)[:k]
         return h
+
+    def _group_heads(self, k: int) -> tuple[list[np.ndarray], int | None]:
+        """The first ``k`` of a grouped order, one sorted piece per group (a group's head alone
+        is partitioned first when it is much larger than what is left to take); ``None`` for a
+        NaN at the cut (sort whole instead)."""
+        group, key = self.group, self.key
+        counts = np.bincount(group).tolist()
+        if self._refine is not None and sum(counts[: self._refine_from]) < k:
+            self._refined()  # the head reaches the provisional groups
+            counts = np.bincount(group).tolist()
+        parts: list[np.ndarray] = []
+        need = k
+        for g, c in enumerate(counts):
+            if not c:
+                continue
+            idx = (group == g).nonzero()[0]
+            kg = key[idx]
+            if c > need and c >= 2 * need + MIN_PART:
+                v = np.partition(kg, need - 1)[need - 1]
+                if v != v:
+                    return parts, None
+                sel = (kg <= v).nonzero()[0]  # all ties of the need-th: the stable order among them
+                idx, kg = idx[sel], kg[sel]
+            parts.append(idx[np.argsort(kg, kind="stable")][:need])
+            need -= len(parts[-1])
+            if need <= 0:
+                break
+        return parts, need
 
     def after(self, p: int, mask: np.ndarray) -> np.ndarray:
         """The positions past the first ``p`` of the order (``p`` <= what ``head`` gave) where
         ``mask`` (over the queue) holds, in order."""
+        self._refined()
         h = self._head
         rest = h[p:]
         rest = rest[mask[rest]]
@@ -205,6 +302,7 @@ class Order:
         ``mask`` holds, in queue order, not sorted, with their key and group: ``first_of``
         finds the first of any subset of them in the order (the walk's tail takes a few of
         many). ``mask`` is a fresh array of the caller's: it is changed here."""
+        self._refined()
         h = self._head
         if self.key is None:  # an order given as positions: the rank in it is the key
             ranks = np.zeros(self.n, dtype=bool)
