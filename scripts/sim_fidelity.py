@@ -59,11 +59,15 @@ def real_run(a: argparse.Namespace, out: Path) -> dict:
 def make_profile(a: argparse.Namespace, path: Path) -> Path:
     """Measure this machine's CPU engine with the profiler (``sglang_pd.tools.profile_cost_model``,
     docs/profile.md) over the lengths and batch sizes this check's trace reaches."""
+    # dense where the trace lives (prompts 64..512, batches of a few): the ground truth reads the
+    # decode grid by interpolation and fits prefill to these points, so coarse cells cost
+    # accuracy (a 256/1024/4096 decode grid read ~7% off at batch 3 and batches of 10-13)
     cmd = [sys.executable, "-m", "sglang_pd.tools.profile_cost_model", "--model-path", a.model_path,
            "--out", str(path), "--page-size", str(a.page_size),
-           "--prefill-new-tokens", "16,64,256,1024", "--prefill-context-tokens", "0,1024",
-           "--prefill-batch-sizes", "1,4", "--decode-batch-sizes", "1,2,4,8,16",
-           "--decode-context-tokens", "256,1024,4096,16384", "--notes", "scripts/sim_fidelity.py"]
+           "--prefill-new-tokens", "32,64,128,256,384,512,768", "--prefill-context-tokens", "0,512",
+           "--prefill-batch-sizes", "1,2,4", "--prefill-batch-new-tokens", "64,256,512",
+           "--decode-batch-sizes", "1,2,3,4,5,6,7,8,10,12,14,16",
+           "--decode-context-tokens", "256,512,1024,2048,4096,8192,16384", "--notes", "scripts/sim_fidelity.py"]
     subprocess.run(cmd + (["--load-format", "dummy"] if a.dummy else []), check=True)
     return path
 

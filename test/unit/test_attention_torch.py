@@ -101,6 +101,17 @@ def test_auto_loops_when_padding_would_waste_work() -> None:
     assert batch.attn_metadata.requests is None
 
 
+def test_auto_loops_over_prompts_of_different_lengths_unless_tiny() -> None:
+    """An explicit mask keeps SDPA off its causal kernel: 'auto' pads fresh prompts of one
+    length (no mask) and tiny ones only; 40 and 30 tokens (padding wastes 1.4x) loop."""
+    w = _World("auto", seed=4)
+    cases = [({0: 40, 1: 30}, True), ({2: 24, 3: 24, 4: 24}, False), ({5: 12, 6: 9, 7: 16}, False)]
+    for new, loops in cases:
+        batch = w.reqs.batch(ForwardMode.EXTEND, {rid: [0] * n for rid, n in new.items()})
+        w.backend.init_forward_metadata(batch)
+        assert (batch.attn_metadata.requests is not None) == loops, new
+
+
 def test_registry_builds_torch_backend() -> None:
     assert isinstance(create_attention_backend("torch"), TorchAttnBackend)
     with pytest.raises(ValueError, match="extend_strategy"):

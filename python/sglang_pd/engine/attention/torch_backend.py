@@ -16,9 +16,14 @@ needs no K/V expansion and the group acts as the query length.
 
 EXTEND: new queries are the last extend_len positions of each sequence (an earlier prefix may
 be cached). "padded" makes one SDPA call over [B, heads, max_extend, L] with a prefix-aware
-causal mask; "loop" makes one call per request. Padding wastes work when lengths differ a lot,
-a loop pays Python overhead per request and layer; "auto" pads unless that would more than
-double the attention work.
+causal mask; "loop" makes one call per request. Padding wastes work when lengths differ, and
+an explicit mask also keeps SDPA off its causal kernel (which skips the blocks above the
+diagonal); a loop pays Python overhead per request and layer. "auto" pads fresh prompts of one
+length (no mask: the causal kernel) and batches of tiny requests (a padded square of at most
+``PAD_MAX_AREA`` query x key positions, padding at most doubling the work); otherwise it loops.
+Measured in the engine on one CPU core (SmolLM2-135M shape): prompts of 403 and 147 tokens in
+one step took 1.15 s padded, 1.02 s in a loop (attention 0.27 vs 0.15 s); 434 and 234 tokens
+1.36 vs 1.24 s; one request alone costs the same either way.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 
 EXTEND_STRATEGIES: tuple[str, ...] = ("auto", "padded", "loop")
 PAD_WASTE_LIMIT = 2.0  # "auto": pad while padded area <= this x the real (queries x keys) area
+PAD_MAX_AREA = 512  # "auto": ... and each request's padded square is this small (tiny requests)
 
 
 @dataclass
@@ -115,9 +121,11 @@ class TorchAttnBackend(AttentionBackend):
             seq_cpu = batch.seq_lens.tolist()
             max_ext = max(ext_cpu)
             real_area = sum(e * s for e, s in zip(ext_cpu, seq_cpu))
+            uniform = batch.num_tokens == bsz * max_len  # fresh prompts of one length: no mask
             pad = self.extend_strategy == "padded" or (
                 self.extend_strategy == "auto"
-                and bsz * max_ext * max_len <= PAD_WASTE_LIMIT * real_area
+                and (uniform or (max_ext * max_len <= PAD_MAX_AREA
+                                 and bsz * max_ext * max_len <= PAD_WASTE_LIMIT * real_area))
             )
             if not pad:
                 batch.attn_metadata = self._loop_metadata(batch, ext_cpu, seq_cpu, key_pos)
@@ -267,9 +275,11 @@ class TorchAttnBackend(AttentionBackend):
         out = q.new_empty(q.shape[0], num_heads * head_dim)
         assert meta.requests is not None
         for r in meta.requests:
-            keys = k_rows.index_select(0, r.kv_index).view(kv_heads, r.seq_len, head_dim)
-            values = v_rows.index_select(0, r.kv_index).view(kv_heads, r.seq_len, head_dim)
-            qb = q[r.start : r.start + r.extend_len].transpose(0, 1).to(keys.dtype)  # [Hq, E, D]
+            keys = k_rows.index_select(0, r.kv_index).view(1, kv_heads, r.seq_len, head_dim)
+            values = v_rows.index_select(0, r.kv_index).view(1, kv_heads, r.seq_len, head_dim)
+            # [1, Hq, E, D]: with a batch dimension SDPA takes its fused CPU kernel (3-D
+            # inputs took the unfused one: ~2x the attention time of the padded path)
+            qb = q[r.start : r.start + r.extend_len].transpose(0, 1).unsqueeze(0).to(keys.dtype)
             o = F.scaled_dot_product_attention(
                 qb,
                 keys,
@@ -279,5 +289,5 @@ class TorchAttnBackend(AttentionBackend):
                 scale=scale,
                 enable_gqa=kv_heads != num_heads,
             )
-            out[r.start : r.start + r.extend_len] = o.transpose(0, 1).reshape(r.extend_len, -1)
+            out[r.start : r.start + r.extend_len] = o[0].transpose(0, 1).reshape(r.extend_len, -1)
         return out
