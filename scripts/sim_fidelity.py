@@ -67,7 +67,8 @@ def make_profile(a: argparse.Namespace, path: Path) -> Path:
            "--prefill-new-tokens", "32,64,128,256,384,512,768", "--prefill-context-tokens", "0,512",
            "--prefill-batch-sizes", "1,2,4", "--prefill-batch-new-tokens", "64,256,512",
            "--decode-batch-sizes", "1,2,3,4,5,6,7,8,10,12,14,16",
-           "--decode-context-tokens", "256,512,1024,2048,4096,8192,16384", "--notes", "scripts/sim_fidelity.py"]
+           "--decode-context-tokens", "256,512,1024,2048,4096,8192,16384", "--repeats", str(a.profile_repeats),
+           "--notes", "scripts/sim_fidelity.py"]
     subprocess.run(cmd + (["--load-format", "dummy"] if a.dummy else []), check=True)
     return path
 
@@ -114,6 +115,8 @@ def main() -> None:
                     "(written first by --make-profile)")
     ap.add_argument("--make-profile", action="store_true", help="measure the offline engine into --profile first")
     ap.add_argument("--dummy", action="store_true", help="--load-format dummy (shapes from config.json)")
+    ap.add_argument("--profile-repeats", type=int, default=5,
+                    help="timed runs per profile cell (cell means of 3 moved 5-10%% between runs here)")
     ap.add_argument("--trace", required=True, help="Mooncake-format JSONL (written first by --make-trace)")
     ap.add_argument("--make-trace", action="store_true",
                     help="write a seeded Poisson trace (--num-prompts, --trace-rate, --seed) into --trace first")

@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import msgspec
 import numpy as np
 
 from sglang_pd.engine.scheduler import ScheduledStep
@@ -64,16 +65,40 @@ class GridDecode:
     """A profile's decode grid as ground truth: the decode policies' own table reader
     (``DecodeCostModel``, fixed: bilinear, linear past the edges, null cells from a linear fit).
     ``padded``: the profiled engine's decode attention pads every request to the longest (the
-    torch backend), so a step costs batch x longest context."""
+    torch backend), so a step costs batch x longest context. ``smooth``: each batch size's row
+    is replaced by its straight line in the context (``smooth_rows``)."""
 
     grid: DecodeGrid
     padded: bool = False
+    smooth: bool = False
 
     def __post_init__(self) -> None:
-        self.model = DecodeCostModel(grid=self.grid, learn=False, padded=self.padded)
+        grid = smooth_rows(self.grid) if self.smooth else self.grid
+        self.model = DecodeCostModel(grid=grid, learn=False, padded=self.padded)
 
     def __call__(self, batch: int, ctx_total: int, ctx_max: int) -> float:
         return max(self.model.step_s(batch, ctx_total, ctx_max), 1e-6)
+
+
+def smooth_rows(grid: DecodeGrid) -> DecodeGrid:
+    """Each batch size's measured steps as the straight line in the context that fits them best
+    (relative errors). A decode step is linear in its context (the KV read, the attention), and
+    measured cells are noisy: on the shared CPU, cell means of 3 repeats moved 5-10% between
+    runs, and bilinear reading passes that noise on. The rows are kept apart, since steps are
+    not smooth in the batch size there (batch 3 to 4: 55 to 81 ms at short context, the CPU's
+    matrix kernels). Rows with fewer than two cells, and null cells, stay as they are."""
+    ctx = np.array(grid.context_tokens, dtype=np.float64)
+    rows = []
+    for row in grid.seconds:
+        known = [(c, t) for c, t in zip(ctx, row) if t is not None]
+        if len(known) < 2:
+            rows.append(list(row))
+            continue
+        c, t = np.array(known).T
+        X = np.stack([np.ones_like(c), c], 1) / t[:, None]
+        (alpha, beta), *_ = np.linalg.lstsq(X, np.ones_like(t), rcond=None)
+        rows.append([None if t0 is None else float(alpha + beta * c0) for c0, t0 in zip(ctx, row)])
+    return msgspec.structs.replace(grid, seconds=rows, std_seconds=None)
 
 
 @dataclass
@@ -213,7 +238,8 @@ def profile_cost(path: str, kv_bytes_per_token: float, kv_capacity_tokens: int) 
     if prof.prefill is None or prof.decode is None:
         raise ValueError(f"{path}: the simulator needs both a prefill and a decode section")
     coeffs, tokens2 = fit_measured_prefill(prof)
-    return StepCost(f"profile:{prof.meta.model}@{prof.meta.device}", coeffs, GridDecode(prof.decode, padded=pads(prof)),
+    return StepCost(f"profile:{prof.meta.model}@{prof.meta.device}", coeffs,
+                    GridDecode(prof.decode, padded=pads(prof), smooth=True),
                     kv_bytes_per_token, kv_capacity_tokens, step_tokens2_s=tokens2)
 
 

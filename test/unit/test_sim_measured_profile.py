@@ -1,13 +1,15 @@
-"""The simulator's ground-truth prefill from a measured profile (``fit_measured_prefill``):
-PLA-Serve's terms plus the step's tokens squared, fitted to the lone and batched grids."""
+"""The simulator's ground truth from a measured profile: prefill fitted to the lone and batched
+grids (``fit_measured_prefill``: PLA-Serve's terms plus the step's tokens squared), decode rows
+smoothed to straight lines in the context (``smooth_rows``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
-from sglang_pd.scheduling.profile import PrefillBatchGrid, PrefillCoeffsSpec, PrefillGrid, Profile, ProfileMeta
-from sglang_pd.sim.profiles import StepCost, fit_measured_prefill
+from sglang_pd.scheduling.profile import (DecodeGrid, PrefillBatchGrid, PrefillCoeffsSpec, PrefillGrid, Profile,
+                                          ProfileMeta)
+from sglang_pd.sim.profiles import GridDecode, StepCost, fit_measured_prefill, smooth_rows
 
 TRUE = PrefillCoeffs(launch_s=0.05, per_req_s=0.002, a=4e-7, b=1.2e-3, g_w=3e-4, g_r=1e-5)
 
@@ -51,3 +53,22 @@ def test_steps_of_more_tokens_cost_more_per_token_only_with_the_term() -> None:
     two = [(300, 0), (300, 0)]
     assert with_term.prefill_s(two) - plain.prefill_s(two) == pytest.approx(2e-7 * 600 ** 2)
     assert with_term.prefill_s([(16, 0)]) == pytest.approx(plain.prefill_s([(16, 0)]), rel=1e-3)
+
+
+def test_decode_rows_become_their_lines_and_stay_apart() -> None:
+    ctx = [256, 512, 1024, 2048, 4096]
+    line = [0.05 + 1e-5 * c for c in ctx]
+    noisy = [t * f for t, f in zip(line, (1.06, 0.95, 1.04, 0.97, 1.0))]
+    jump = [0.08 + 1e-5 * c for c in ctx]  # batch 4 much slower than 3: kept, not averaged away
+    grid = DecodeGrid(batch_sizes=[1, 3, 4], context_tokens=ctx, seconds=[noisy, line, jump])
+    rows = smooth_rows(grid).seconds
+    assert rows[1] == pytest.approx(line) and rows[2] == pytest.approx(jump)  # already lines
+    slope = (rows[0][-1] - rows[0][0]) / (ctx[-1] - ctx[0])
+    assert all(r == pytest.approx(rows[0][0] + slope * (c - ctx[0])) for r, c in zip(rows[0], ctx))
+    assert max(abs(r - t) / t for r, t in zip(rows[0], line)) < 0.03  # the noise is gone
+    assert max(abs(r - t) / t for r, t in zip(noisy, line)) > 0.04
+    gaps = DecodeGrid(batch_sizes=[1, 2], context_tokens=[256, 512, 1024],
+                      seconds=[[0.05, None, 0.06], [0.07, None, None]])
+    assert smooth_rows(gaps).seconds == [[pytest.approx(0.05), None, pytest.approx(0.06)], [0.07, None, None]]
+    truth = GridDecode(grid, smooth=True)
+    assert truth(1, 1024, 1024) == pytest.approx(rows[0][2])
