@@ -88,6 +88,17 @@ def test_stop_string_waits_for_min_new_tokens(checker, tok):
     assert run(checker, toks, stop=["STOP"])[0] == len(stop)
 
 
+def test_stop_string_just_before_min_new_tokens_does_not_stop_later(checker, tok):
+    """A stop string that ended while min_new_tokens was not reached is ignored for good: it
+    does not stop the request at the first token past the minimum, even while it is still in
+    the checker's window; the next one does."""
+    stop = ids(tok, " STOP")
+    toks = stop + ids(tok, " a") + stop + ids(tok, " more words here")
+    n_min = len(stop) + 1  # reached with " a", the first STOP two tokens back
+    n, reason = run(checker, toks, stop=["STOP"], min_new_tokens=n_min)
+    assert (n, reason) == (2 * len(stop) + 1, {"type": "stop", "matched": "STOP"})
+
+
 def test_stop_token_ids(checker, tok):
     toks = ids(tok, "Hello world, the end. More words here")
     target = toks[5]

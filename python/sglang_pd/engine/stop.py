@@ -35,12 +35,23 @@ class StopChecker:
         return None
 
     def _match_stop_string(self, req: Req) -> str | None:
+        """A stop string that ends in the newest token's text. One that ended earlier does not
+        count: it was either matched then, or came before ``min_new_tokens`` (ignored there,
+        so it must not stop the request later, at the first token past the minimum)."""
         # a stop string ending in the newest token lies within the last len(stop) + 2 tokens
         # (every token decodes to at least one byte; +2 covers split multibyte characters)
         window = max(len(s.encode()) for s in req.params.stop) + 2
         assert self.tokenizer is not None
-        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+        ids = req.output_ids[-window:]
+        tail = self.tokenizer.decode(ids, skip_special_tokens=False)
+        old: int | None = None  # how much of the tail the text before the newest token fixed
         for s in req.params.stop:
-            if s in tail:
+            at = tail.rfind(s)
+            if at < 0:
+                continue
+            if old is None:  # (a split character the newest token completes is not fixed)
+                before = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+                old = len(os.path.commonprefix([before, tail]))
+            if at + len(s) > old:
                 return s
         return None
