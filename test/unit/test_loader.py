@@ -119,8 +119,10 @@ def test_sharded_checkpoint_and_tied_lm_head_copy(tiny: dict[str, Path], tmp_pat
     for (name, a), (_, b) in zip(sharded.state_dict().items(), single.state_dict().items()):
         assert torch.equal(a, b), name
     ids = [5, 17, 300, 41, 9]
+    # the weights are bit-equal (above); the forward need not be: CPU matmul kernels may take
+    # other vector paths for differently aligned buffers (atol=0 failed now and then)
     torch.testing.assert_close(
-        _logits(sharded, cfg, ids), _logits(single, cfg, ids), atol=0, rtol=0
+        _logits(sharded, cfg, ids), _logits(single, cfg, ids), atol=1e-6, rtol=1e-6
     )
 
 
