@@ -65,15 +65,14 @@ def pin_cores(server_pid: int) -> str:
     whose steps then run slower under load than the profiler measured them alone (ours: the
     simulator models the engine, not its neighbours)."""
     cores = sorted(os.sched_getaffinity(0))
-    engines = [p for p in _children(server_pid)
-               if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
-               and b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    kids = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _children(server_pid)}
+    engines = [p for p, cmd in kids.items() if b"spawn_main" in cmd and b"resource_tracker" not in cmd]
     if len(cores) < 2 or len(engines) != 1:
         return "not pinned"
     rest = set(cores[1:])
     for tid in _tasks(engines[0]):
         os.sched_setaffinity(tid, {cores[0]})
-    for pid in (server_pid, *[p for p in _children(server_pid) if p != engines[0]], os.getpid()):
+    for pid in (server_pid, *[p for p in kids if p != engines[0]], os.getpid()):
         for tid in _tasks(pid):
             os.sched_setaffinity(tid, rest)
     return f"engine on core {cores[0]}, the rest on {sorted(rest)}"

@@ -1,8 +1,8 @@
 """The shortcuts that keep a prefill decision under 100 us at 1,000 waiting (issue 20) decide
 exactly as the plain rules: kairos+'s classification against the rules applied request by
 request, the lazily refined order against the eager one, the waiting queue's arrival-pair counts
-against a recount, the work features against ``request_s``, and the room cut's loop and array
-paths against each other."""
+against a recount, and the room cut's loop and array paths against each other (the work
+features against ``request_s``: test_waiting_columns.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import pytest
 
 from policy_helpers import CountingKV
 from sglang_pd.scheduling.config import PolicyConfig
-from sglang_pd.scheduling.cost_model import (DEFAULT_PREFILL_PRIOR, PrefillCostModel, work_features,
-                                             work_features_array)
 from sglang_pd.scheduling.prefill import kairos_plus
 from sglang_pd.scheduling.prefill.common import Order, Queue, fcfs_finish
 from sglang_pd.scheduling.prefill.kairos_plus import (LOST, ON_TIME, RESCUING, SALVAGEABLE, STARVING, URGENT,
@@ -152,21 +150,6 @@ def test_waiting_queue_counts_equal_and_unordered_arrival_neighbours() -> None:
             assert q.distinct == bool(np.all(a[1:] > a[:-1]))
         sub = q.subset(list(range(0, len(q), 2)))
         sub.check()
-
-
-def test_work_features_give_request_s() -> None:
-    model = PrefillCostModel.fixed(DEFAULT_PREFILL_PRIOR)
-    rng = np.random.default_rng(4)
-    for _ in range(50):
-        n = int(rng.integers(1, 200))
-        r = rng.integers(1, 200_000, n)
-        h = rng.integers(0, 100_000, n)
-        chunk = int(rng.choice((64, 2048, 8192)))
-        feats = work_features_array(r.astype(float), h, chunk)
-        assert [tuple(x) for x in np.stack(feats, 1).tolist()] == \
-               [tuple(map(float, work_features(x, y, chunk))) for x, y in zip(r.tolist(), h.tolist())]
-        got = model.times_of(*feats, r.astype(float)).tolist()
-        assert got == [model.request_s(x, y, chunk) for x, y in zip(r.tolist(), h.tolist())]
 
 
 @pytest.mark.parametrize("short_plan", [0, 1, 8, 10_000])

@@ -279,7 +279,8 @@ def test_order_reads_the_stable_order_lazily() -> None:
 
 
 def test_request_times_array_equals_request_times() -> None:
-    from sglang_pd.scheduling.cost_model import DEFAULT_PREFILL_PRIOR, PrefillCostModel
+    from sglang_pd.scheduling.cost_model import (DEFAULT_PREFILL_PRIOR, PrefillCostModel, work_features,
+                                                 work_features_array)
     model = PrefillCostModel.fixed(DEFAULT_PREFILL_PRIOR)
     rng = np.random.default_rng(2)
     for _ in range(50):
@@ -293,6 +294,13 @@ def test_request_times_array_equals_request_times() -> None:
         assert model.request_times_array(r.astype(float), h.astype(float), chunk).tolist() == got
         zero = model.request_times_array(r, h, chunk, empty_is_zero=True).tolist()
         assert zero == [model.request_s(x, y, chunk) if x > 0 else 0.0 for x, y in zip(r.tolist(), h.tolist())]
+        # the waiting queue's work features (whole numbers) give the same through ``times_of``
+        feats = work_features_array(r.astype(float), h, chunk)
+        assert [tuple(x) for x in np.stack(feats, 1).tolist()] == \
+               [tuple(map(float, work_features(x, y, chunk))) for x, y in zip(r.tolist(), h.tolist())]
+        assert model.times_of(*feats, r.astype(float)).tolist() == \
+               [model.request_s(x, y, chunk) if x > 0 else model.request_times([x], [y], chunk)[0]
+                for x, y in zip(r.tolist(), h.tolist())]
 
 
 def test_order_rest_finds_the_first_as_the_full_sort() -> None:

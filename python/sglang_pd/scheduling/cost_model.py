@@ -220,7 +220,7 @@ class PrefillCostModel:
         append = out.append
         for r, h in zip(new_tokens, context_tokens):
             n, quad, ctx = work_features(r, h, chunk)
-            append(max(n, 1) * fixed + a * quad + k * r + gr * ctx)
+            append(n * fixed + a * quad + k * r + gr * ctx)
         return out
 
     def request_times_array(self, new_tokens: np.ndarray, context_tokens: np.ndarray, chunk: int,

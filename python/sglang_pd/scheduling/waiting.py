@@ -25,7 +25,7 @@ Slices and copies are plain lists (no columns): policies fed those read the requ
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -39,6 +39,22 @@ ARRIVAL, SLO, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(7)
 PREFILLED, CACHED, REMAINING = 0, 1, 2
 _NF = 7
 _MIN_CAP = 64
+
+
+class Columns(NamedTuple):
+    """The queue's columns, position for position (``WaitingQueue.views``)."""
+
+    arrival: np.ndarray
+    slo: np.ndarray  # TTFT SLO in seconds, NaN where the request has none
+    remaining_f: np.ndarray  # ``remaining`` as float64 (exact)
+    prefilled_f: np.ndarray  # ``prefilled`` as float64 (exact)
+    chunks: np.ndarray  # ``cost_model.work_features`` for chunks of the queue's ``chunk``:
+    quad: np.ndarray  # chunks, r(r + 2H), context summed over the chunks (float64)
+    context_sum: np.ndarray
+    prefilled: np.ndarray
+    cached: np.ndarray
+    remaining: np.ndarray
+    objects: np.ndarray  # the requests (``objects[idx].tolist()`` picks many at C speed)
 
 
 def _floats(r: SchedReq, chunk: int | None) -> tuple[float, ...]:
@@ -56,7 +72,7 @@ class WaitingQueue(list):
     def __init__(self, reqs: Iterable[SchedReq] = (), chunk: int | None = None) -> None:
         super().__init__(reqs)
         self.chunk = chunk  # the chunk size of the work features (``work_features``)
-        self._views: tuple[np.ndarray, ...] | None = None
+        self._views: Columns | None = None
         n = super().__len__()
         cap = max(_MIN_CAP, 2 * n)
         self._f = np.empty((_NF, cap), dtype=np.float64)
@@ -94,62 +110,24 @@ class WaitingQueue(list):
         return self._inversions == 0 and self._ties == 0
 
     # ------------------------------------------------------------------ columns (views)
-    @property
-    def arrival(self) -> np.ndarray:
-        return self._f[ARRIVAL, : len(self)]
-
-    @property
-    def slo(self) -> np.ndarray:
-        """TTFT SLO in seconds, NaN where the request has none."""
-        return self._f[SLO, : len(self)]
-
-    @property
-    def remaining_f(self) -> np.ndarray:
-        """``remaining`` as float64."""
-        return self._f[REMAINING_F, : len(self)]
-
-    @property
-    def prefilled_f(self) -> np.ndarray:
-        """``prefilled`` as float64."""
-        return self._f[PREFILLED_F, : len(self)]
-
-    def work_features(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``cost_model.work_features`` of every request for chunks of ``self.chunk``, as
-        float64 columns: chunks, r(r + 2H), context summed over the chunks. A prefill policy's
-        work estimate is four products and three sums over these (``times_of``)."""
-        n = len(self)
-        return self._f[CHUNKS, :n], self._f[QUAD, :n], self._f[CONTEXT_SUM, :n]
-
-    @property
-    def prefilled(self) -> np.ndarray:
-        return self._i[PREFILLED, : len(self)]
-
-    @property
-    def cached(self) -> np.ndarray:
-        return self._i[CACHED, : len(self)]
-
-    @property
-    def remaining(self) -> np.ndarray:
-        return self._i[REMAINING, : len(self)]
-
-    @property
-    def objects(self) -> np.ndarray:
-        """The requests as an object array (``objects[idx].tolist()`` picks many at C speed)."""
-        return self._o[: len(self)]
-
-    def views(self) -> tuple[np.ndarray, ...]:
-        """Every column at once, as ``Queue`` reads them: arrival, slo, remaining_f,
-        prefilled_f, the three work features, prefilled, cached, remaining, objects. Views of
-        the storage, made again only when the length or the storage changed (a decision reads
-        them all; making nine views costs microseconds)."""
+    def views(self) -> Columns:
+        """Every column at once, as ``Queue`` reads them. Views of the storage, made again only
+        when the length or the storage changed (a decision reads them all; making eleven views
+        costs microseconds)."""
         n, f = len(self), self._f
         v = self._views
-        if v is None or len(v[0]) != n or v[0].base is not f:
+        if v is None or len(v.arrival) != n or v.arrival.base is not f:
             i = self._i
-            v = self._views = (f[ARRIVAL, :n], f[SLO, :n], f[REMAINING_F, :n], f[PREFILLED_F, :n],
-                               f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
-                               i[CACHED, :n], i[REMAINING, :n], self._o[:n])
+            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[REMAINING_F, :n], f[PREFILLED_F, :n],
+                                      f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
+                                      i[CACHED, :n], i[REMAINING, :n], self._o[:n])
         return v
+
+    arrival = property(lambda self: self.views().arrival)
+    slo = property(lambda self: self.views().slo)
+    prefilled = property(lambda self: self.views().prefilled)
+    cached = property(lambda self: self.views().cached)
+    remaining = property(lambda self: self.views().remaining)
 
     # ------------------------------------------------------------------ finding
     def position(self, req: SchedReq) -> int:

@@ -32,9 +32,12 @@ class Queue(Generic[R]):
     def __init__(self, waiting: Sequence[R]) -> None:
         self.reqs = waiting
         if isinstance(waiting, WaitingQueue):
-            (self.arrival, self.slo, self._remf, self._pref, n_chunks, quad, ctx, self.pre, self.cached,
-             self.rem, self._objs) = waiting.views()
-            self._features: tuple | None = (waiting.chunk, (n_chunks, quad, ctx))
+            c = waiting.views()
+            self.arrival, self.slo, self.pre, self.cached, self.rem = c.arrival, c.slo, c.prefilled, c.cached, c.remaining
+            self._objs: np.ndarray | None = c.objects
+            self._remf: np.ndarray | None = c.remaining_f
+            self._pref: np.ndarray | None = c.prefilled_f
+            self._features: tuple | None = (waiting.chunk, (c.chunks, c.quad, c.context_sum))
             # arrivals ascending / and all different (the queue counts its neighbour pairs)
             self._ordered, self._distinct = waiting.ordered, waiting.distinct
         else:
