@@ -125,5 +125,5 @@ def test_rope_rotates_pairs_of_halves() -> None:
         ]
     )
     torch.testing.assert_close(out[1, 0], want)
-    with pytest.raises(ValueError, match="max_position_embeddings 16"):
-        rope.cos_sin(torch.tensor([16]), torch.float32)
+    # positions past the table are rejected on the host by the model runner, never in the
+    # forward (a device sync): test_forward_host_sync.py

@@ -77,7 +77,8 @@ class EngineCore:
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
         attention = create_attention_backend(args.attention_backend, args.device)
-        self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs)
+        self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
+                                  max_positions=cfg.max_position_embeddings)
         self.page_size = args.page_size
         self.policy_config = cfg_p = replace(args.policy_config(),
                                              decode_attention_padded=attention.decode_pads_to_longest)

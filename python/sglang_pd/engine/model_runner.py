@@ -18,8 +18,12 @@ from sglang_pd.engine.request import Req
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend,
-                 cuda_graph_max_bs: int = 0) -> None:
+                 cuda_graph_max_bs: int = 0, max_positions: int | None = None) -> None:
         self.model = model
+        # Positions are checked here, on the host, when a batch is built (the model's RoPE
+        # table ends at max_positions): a check inside the forward would sync the device every
+        # step and cannot be captured in a CUDA graph. None: unchecked (hand-built tests).
+        self.max_positions = max_positions
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
         self.page_size = kv_pool.page_size
@@ -78,6 +82,7 @@ class ModelRunner:
 
     def _batch(self, mode: ForwardMode, reqs: Sequence[Req], ids: list[int], positions: list[int],
                out_loc: list[int], seq_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+        check_positions(seq_lens, self.max_positions)
         if self._staging is not None:  # lengths stay on the host too (seq_lens, extend_lens)
             batch = self._staging.to_device(mode, ids, positions, out_loc, seq_lens, extend_lens,
                                             self._token_slots(reqs, seq_lens), self.kv_pool,
@@ -104,3 +109,10 @@ class ModelRunner:
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
         return self.model.forward(batch).float()
+
+
+def check_positions(seq_lens: Sequence[int], max_positions: int | None) -> None:
+    """Every new token's position (at most seq_len - 1) must be below ``max_positions``."""
+    longest = max(seq_lens, default=0)
+    if max_positions is not None and longest > max_positions:
+        raise ValueError(f"position {longest - 1} exceeds max_position_embeddings {max_positions}")

@@ -77,13 +77,12 @@ class RotaryEmbedding:
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Full-width [T, 1, head_dim] (cos, cos) and (-sin, sin) for ``positions`` [T], ready
-        to broadcast over heads; see apply_rope."""
+        to broadcast over heads; see apply_rope.
+
+        Positions must be below ``max_positions``: the model runner checks that on the host
+        when it builds the batch (ModelRunner._batch). Checking here would read a device tensor
+        back to the host in every forward, which stalls the GPU and breaks CUDA-graph capture."""
         cos, sin = self._table(positions.device)
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(
-                f"position {int(positions.max())} exceeds max_position_embeddings "
-                f"{self.max_positions}"
-            )
         c, s = cos[positions].to(dtype), sin[positions].to(dtype)
         return torch.cat((c, c), -1).unsqueeze(1), torch.cat((-s, s), -1).unsqueeze(1)
 
