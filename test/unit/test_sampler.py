@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
+from sglang_pd.engine import sampler
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.sampler import sample
 from sglang_pd.protocol import SamplingParams
@@ -118,3 +121,66 @@ def test_tiny_repetition_penalty_does_not_overflow() -> None:
     logits = torch.tensor([[1.0, 2.0, 0.5]]).repeat(50, 1)
     reqs = [_req(prompt=[1], temperature=1.0, repetition_penalty=1e-40) for _ in range(50)]
     assert set(sample(logits, reqs, []).token_ids) == {1}
+
+
+# ---- issue 29: everything on the logits' device ---------------------------------------------
+class _RecordDevices(TorchFunctionMode):
+    """Records the device of every tensor a torch call returns while the mode is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: dict[str, set[str]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.devices.setdefault(t.device.type, set()).add(getattr(func, "__name__", str(func)))
+        return out
+
+
+def test_every_tensor_the_sampler_makes_is_on_the_logits_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With logits on a fake device (meta), a tensor made on the CPU either fails to mix with
+    them or shows up in the record. Only the final host copies (tolist) leave the device; here
+    they read back zeros."""
+    real_tolist = torch.Tensor.tolist
+
+    def zeros(shape: tuple[int, ...]) -> list:  # type: ignore[type-arg]
+        return [0] * shape[0] if len(shape) == 1 else [zeros(shape[1:]) for _ in range(shape[0])]
+
+    def fake_tolist(t: torch.Tensor):  # type: ignore[no-untyped-def]
+        return zeros(tuple(t.shape)) if t.device.type == "meta" else real_tolist(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", fake_tolist)
+    logprob_req = _req(temperature=0.0)
+    logprob_req.return_logprob, logprob_req.top_logprobs_num = True, 3
+    reqs = [logprob_req,
+            _req(temperature=0.7, top_k=5),
+            _req(temperature=1.3, top_p=0.8),
+            _req([4], prompt=[1, 2], temperature=1.0, min_p=0.1, repetition_penalty=1.3, min_new_tokens=3),
+            _req(temperature=0.5, top_k=4, top_p=0.9)]
+    logits = torch.randn(len(reqs), 50, device="meta")
+    with _RecordDevices() as record:
+        out = sample(logits, reqs, eos_ids=[7])
+    assert set(record.devices) == {"meta"}, record.devices
+    assert len(out.token_ids) == len(reqs) and len(out.top_logprobs[0]) == 3
+
+
+def test_top_p_uses_the_candidates_without_sorting_the_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A top-p row over a large vocabulary: no full sort, and the nucleus is still exact when it
+    closes inside the candidates."""
+    vocab = 4 * sampler.TOP_P_CANDIDATES
+    logits = torch.full((300, vocab), -30.0)
+    logits[:, :3] = torch.tensor([3.0, 2.9, 2.8])
+    probs = logits[0].softmax(-1)
+
+    def no_sort(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the sampler sorted the whole vocabulary")
+
+    monkeypatch.setattr(torch.Tensor, "sort", no_sort)
+    torch.manual_seed(0)
+    reqs = [_req(temperature=1.0, top_p=float(probs[0]) + 0.01) for _ in range(300)]
+    assert set(sample(logits, reqs, []).token_ids) == {0, 1}
+    # a flat row whose candidates hold less than top_p is left whole, not sorted
+    flat = sample(torch.zeros(2000, vocab), [_req(temperature=1.0, top_p=0.5) for _ in range(2000)], [])
+    assert max(flat.token_ids) >= sampler.TOP_P_CANDIDATES
