@@ -49,16 +49,67 @@ def test_registry_names_and_cli_choices() -> None:
 
 
 def test_auto_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" never pairs CUDA graphs with a backend that lacks them: FlashInfer (no graph
+    support here) only with graphs off."""
     assert attn.resolve_attention_backend("auto", "cpu") == "torch"
     assert attn.resolve_attention_backend("triton", "cpu") == "triton"  # explicit names stay
     real = importlib.util.find_spec
-    for present, want in ((True, "flashinfer"), (False, "triton")):
+    for present in (True, False):
         monkeypatch.setattr(importlib.util, "find_spec",
                             lambda name, *a, _p=present: (object() if _p else None) if name == "flashinfer"
                             else real(name, *a))
-        assert attn.resolve_attention_backend("auto", "cuda:0") == want
+        assert attn.resolve_attention_backend("auto", "cuda:0") == "triton"  # graphs on: default
+        assert attn.resolve_attention_backend("auto", "cuda:0", cuda_graph=True) == "triton"
+        assert attn.resolve_attention_backend("auto", "cuda:0", cuda_graph=False) == (
+            "flashinfer" if present else "triton")
     monkeypatch.undo()
     assert isinstance(attn.create_attention_backend("auto", "cpu"), TorchAttnBackend)
+
+
+def test_graphs_and_their_memory_only_with_a_backend_that_captures() -> None:
+    """The engine's wiring: no graphs (so no reserved graph memory) off CUDA, when disabled, or
+    with a backend without graph support (FlashInfer, torch); a capturing backend gets them."""
+    from sglang_pd.engine.cuda_graph import graph_max_bs
+
+    class Capturing(TorchAttnBackend):
+        supports_cuda_graph = True
+
+    assert graph_max_bs("cuda:0", False, 160, Capturing()) == 160
+    assert graph_max_bs("cuda", True, 160, Capturing()) == 0
+    assert graph_max_bs("cpu", False, 160, Capturing()) == 0
+    assert graph_max_bs("cuda:0", False, 160, TorchAttnBackend()) == 0
+    flashinfer = importlib.util.find_spec("flashinfer") and attn.create_attention_backend("flashinfer")
+    if flashinfer:
+        assert not flashinfer.supports_cuda_graph
+        assert graph_max_bs("cuda:0", False, 160, flashinfer) == 0
+    if HAS_TRITON:  # what "auto" picks on CUDA with graphs on does capture
+        assert attn.create_attention_backend("auto", "cuda:0", cuda_graph=True).supports_cuda_graph
+
+
+def test_flashinfer_plan_inputs_from_host_lengths_for_a_mixed_step() -> None:
+    """FlashInfer's CSR tables come from the host lengths (plan() reads them on the host), and
+    a mixed step's decode rows are one-token extends in qo_indptr; the device-side gather of the
+    used pages from the step's page table picks exactly each request's pages."""
+    from sglang_pd.engine.attention.paged_index import paged_plan_inputs, use_tensor_cores
+
+    reqs = PagedRequests(make_pool(LAYERS, HKV, D, 64, 4), TorchAttnBackend(), seed=5)
+    reqs.batch(ForwardMode.EXTEND, {0: [1] * 6, 1: [1] * 3})
+    mixed = reqs.batch(ForwardMode.EXTEND, {2: [1] * 9, 0: [2], 1: [3]})  # a prompt + 2 decodes
+    ps = reqs.pool.page_size
+    page_table = mixed.token_slots[:, ::ps] // ps
+    plan = paged_plan_inputs(mixed.seq_lens.tolist(), mixed.extend_lens.tolist(), ps,
+                             int(page_table.shape[1]))
+    for t in (plan.kv_indptr, plan.kv_last_page_len, plan.qo_indptr, plan.page_rows):
+        assert t.device.type == "cpu"
+    assert plan.qo_indptr.tolist() == [0, 9, 10, 11]
+    assert plan.kv_indptr.tolist() == [0, 3, 5, 6] and plan.kv_last_page_len.tolist() == [1, 3, 4]
+    kv_indices = page_table.reshape(-1).index_select(0, plan.page_rows)
+    assert kv_indices.tolist() == reqs.seqs[2].pages + reqs.seqs[0].pages + reqs.seqs[1].pages
+    decode = paged_plan_inputs([5, 1], None, ps, 2)
+    assert decode.qo_indptr is None and decode.kv_indptr.tolist() == [0, 2, 3]
+    with pytest.raises(ValueError, match="page table has 1"):
+        paged_plan_inputs([5], None, ps, 1)
+    assert use_tensor_cores(32, 8) and not use_tensor_cores(16, 8) and not use_tensor_cores(8, 8)
 
 
 def test_flashinfer_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

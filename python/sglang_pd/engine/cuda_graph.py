@@ -48,6 +48,18 @@ def pick_bucket(buckets: list[int], batch_size: int) -> int | None:
     return None
 
 
+def graph_max_bs(device: str, disabled: bool, max_bs: int, backend: AttentionBackend) -> int:
+    """Largest decode batch to capture; 0 means no graphs (and no graph memory reserved): off
+    CUDA, with --disable-cuda-graph, or with a backend that cannot be captured."""
+    if disabled or not str(device).startswith("cuda"):
+        return 0
+    if not backend.supports_cuda_graph:
+        logger.warning("%s has no CUDA-graph support: decode runs without graphs "
+                       "(--attention-backend triton or auto captures them)", type(backend).__name__)
+        return 0
+    return max_bs
+
+
 def graph_reserve_bytes(max_bs: int) -> int:
     """Memory to keep out of the KV pool for graphs (memory.pool_pages' reserved_bytes)."""
     return GRAPH_RESERVE_BYTES_PER_BS * max_bs

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from sglang_pd.engine.attention import create_attention_backend
-from sglang_pd.engine.cuda_graph import graph_reserve_bytes
+from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
@@ -65,7 +65,10 @@ class EngineCore:
         dtype = next(self.model.parameters()).dtype
         self.context_length = args.context_length or cfg.max_position_embeddings
         self.vocab_size = cfg.vocab_size
-        graph_bs = 0 if args.disable_cuda_graph or not args.device.startswith("cuda") else args.cuda_graph_max_bs
+        # the backend first: graphs (and the memory kept for them) only with one that supports them
+        attention = create_attention_backend(args.attention_backend, args.device,
+                                             cuda_graph=not args.disable_cuda_graph)
+        graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs, attention)
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
             device=args.device, page_size=args.page_size,
@@ -76,7 +79,6 @@ class EngineCore:
                               dtype, args.device)
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
-        attention = create_attention_backend(args.attention_backend, args.device)
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
                                   max_positions=cfg.max_position_embeddings)
         self.page_size = args.page_size

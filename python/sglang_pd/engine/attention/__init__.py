@@ -37,18 +37,22 @@ def _make_flashinfer() -> AttentionBackend:
     return FlashInferAttnBackend()
 
 
-def resolve_attention_backend(name: str, device: str) -> str:
-    """"auto": flashinfer on CUDA when importable, else triton on CUDA; torch elsewhere."""
+def resolve_attention_backend(name: str, device: str, cuda_graph: bool = True) -> str:
+    """"auto": torch off CUDA. On CUDA, triton while CUDA graphs are on (FlashInfer's backend
+    here has no graph support, and decode without graphs is launch-bound); with graphs off
+    (--disable-cuda-graph) flashinfer when importable, else triton."""
     if name != "auto":
         return name
     if not str(device).startswith("cuda"):
         return "torch"
+    if cuda_graph:
+        return "triton"
     return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"
 
 
 def _make_auto() -> AttentionBackend:
     # Zero-argument factories cannot see --device; create_attention_backend(name, device)
-    # resolves "auto" with it. This fallback guesses from the host.
+    # resolves "auto" with it. This fallback guesses from the host (graphs on, the default).
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,11 +68,12 @@ ATTENTION_BACKENDS: dict[str, Callable[[], "AttentionBackend"]] = {
 }
 
 
-def create_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
+def create_attention_backend(name: str, device: str = "cpu", cuda_graph: bool = True) -> AttentionBackend:
+    """``cuda_graph``: whether the engine will capture CUDA graphs (only "auto" reads it)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"unknown attention backend {name!r}; supported: {sorted(ATTENTION_BACKENDS)}"
         )
     if name == "auto":
-        name = resolve_attention_backend(name, device)
+        name = resolve_attention_backend(name, device, cuda_graph)
     return ATTENTION_BACKENDS[name]()

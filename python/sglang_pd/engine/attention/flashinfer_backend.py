@@ -1,14 +1,18 @@
 """Attention through FlashInfer's paged-KV wrappers (optional: ``pip install .[gpu]``).
 
 The KVPool's per-layer K and V views [pages, page_size, kv_heads, head_dim] are FlashInfer's
-"NHD" paged layout as they are, so nothing is copied: per step we derive FlashInfer's CSR page
-table (indptr / indices / last_page_len) from ``batch.token_slots`` and plan once (on the first
-layer, when the softmax scale is known); per layer we store K/V with the Triton store kernel and
-run the planned wrapper.
+"NHD" paged layout as they are, so nothing is copied. Per step we build FlashInfer's CSR page
+table (indptr / last_page_len, and qo_indptr for every step but a pure decode: a mixed step's
+decode rows are one-token extends) on the host from the host lengths (paged_index.py), gather
+the used page ids on the device with one index of known size (no sync), and plan once (on the
+first layer, when the softmax scale is known); per layer we store K/V with the Triton store
+kernel and run the planned wrapper. Decode uses the tensor-core kernels for GQA groups of 4+.
 
-NOT VERIFIED: written against FlashInfer's documented wrapper API on a machine without a GPU or
-flashinfer; docs/gpu.md lists it among the things to check on a GPU first. Importing this module
-imports flashinfer and triton; the registry imports it inside its factory only.
+No CUDA-graph support here (supports_cuda_graph stays False): "auto" picks triton while graphs
+are on, and the engine reserves no graph memory for this backend.
+
+NOT VERIFIED on a GPU yet: written against FlashInfer's documented wrapper API; docs/gpu.md.
+Importing this module imports flashinfer and triton; the registry imports it inside its factory.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from sgl_pd_kernel import triton_attention as kernels
 from sglang_pd.engine.attention.base import AttentionBackend
+from sglang_pd.engine.attention.paged_index import PagedPlanInputs, paged_plan_inputs, use_tensor_cores
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 128 << 20
@@ -28,54 +33,48 @@ WORKSPACE_BYTES = 128 << 20
 @dataclass
 class FlashInferMetadata:
     mode: ForwardMode
-    kv_indptr: torch.Tensor  # [B + 1] int32
-    kv_indices: torch.Tensor  # [sum pages] int32
-    last_page_len: torch.Tensor  # [B] int32
-    qo_indptr: torch.Tensor | None  # [B + 1] int32, extend only
+    plan: PagedPlanInputs  # host indptrs (plan() reads them there)
+    kv_indices: torch.Tensor  # [sum pages] int32 on the device
     planned_scale: float | None = None
 
 
 class FlashInferAttnBackend(AttentionBackend):
     def __init__(self) -> None:
         self._workspace: torch.Tensor | None = None
-        self._decode: object | None = None
+        self._decode: object | None = None  # made on the first decode plan (needs the GQA group)
         self._prefill: object | None = None
 
-    def _wrappers(self, device: torch.device) -> None:
+    def _workspace_on(self, device: torch.device) -> torch.Tensor:
         if self._workspace is None:
             self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-            self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD")
-            self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        return self._workspace
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         device = batch.token_slots.device
         if device.type != "cuda":
             raise ValueError("the flashinfer attention backend runs on CUDA only (--device cuda)")
-        self._wrappers(device)
         ps = batch.kv_pool.page_size
-        seq_lens = batch.seq_lens.tolist()  # host tensor
-        pages = [-(-n // ps) for n in seq_lens]
-        page_table = torch.div(batch.token_slots[:, ::ps], ps, rounding_mode="floor")
-        width = page_table.shape[1]
-        used = torch.arange(width, device=device)[None, :] < torch.tensor(pages, device=device)[:, None]
-        indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        last = torch.tensor([n - (p - 1) * ps for n, p in zip(seq_lens, pages)], dtype=torch.int32)
-        qo_indptr = None
-        if batch.mode == ForwardMode.EXTEND:
-            qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32),
-                                   batch.extend_lens.to(torch.int32).cumsum(0, dtype=torch.int32)])
-            qo_indptr = qo_indptr.to(device)
-        batch.attn_metadata = FlashInferMetadata(
-            batch.mode, indptr.to(device), page_table[used].to(torch.int32), last.to(device), qo_indptr)
+        page_table = batch.token_slots[:, ::ps] // ps  # [B, width] page ids, on the device
+        extend = None if batch.mode == ForwardMode.DECODE else batch.extend_lens.tolist()
+        plan = paged_plan_inputs(batch.seq_lens.tolist(), extend, ps, int(page_table.shape[1]))
+        rows = plan.page_rows.to(device, non_blocking=True)
+        kv_indices = page_table.reshape(-1).index_select(0, rows).to(torch.int32)
+        batch.attn_metadata = FlashInferMetadata(batch.mode, plan, kv_indices)
 
     def _plan(self, meta: FlashInferMetadata, batch: ForwardBatch, q: torch.Tensor, scale: float) -> None:
-        pool = batch.kv_pool
+        pool, plan = batch.kv_pool, meta.plan
+        workspace = self._workspace_on(q.device)
         common = dict(q_data_type=q.dtype, kv_data_type=pool.dtype, sm_scale=scale)
         if meta.mode == ForwardMode.DECODE:
-            self._decode.plan(meta.kv_indptr, meta.kv_indices, meta.last_page_len, q.shape[1],
+            if self._decode is None:
+                self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    workspace, "NHD", use_tensor_cores=use_tensor_cores(q.shape[1], pool.kv_heads))
+            self._decode.plan(plan.kv_indptr, meta.kv_indices, plan.kv_last_page_len, q.shape[1],
                               pool.kv_heads, pool.head_dim, pool.page_size, **common)
         else:
-            self._prefill.plan(meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.last_page_len,
+            if self._prefill is None:
+                self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+            self._prefill.plan(plan.qo_indptr, plan.kv_indptr, meta.kv_indices, plan.kv_last_page_len,
                                q.shape[1], pool.kv_heads, pool.head_dim, pool.page_size, causal=True,
                                **common)
         meta.planned_scale = scale
