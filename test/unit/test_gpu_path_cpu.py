@@ -245,6 +245,63 @@ def test_pool_pages_reserves_graph_memory(monkeypatch: pytest.MonkeyPatch) -> No
     assert memory.pool_pages(**kw, reserved_bytes=200 * 4096) == 400 // 4 + 1
 
 
+def test_graph_reserve_is_sized_from_the_model() -> None:
+    """The reserve counts the one shared float32 logits buffer plus a layer's transients per row
+    (CudaGraphRunner.capture measures the real figure and warns above it). For Llama-3-8B at
+    the default 160 rows it is ~0.53 GB: above the shared logits buffer and the per-row
+    transients, below the 0.87 GB that one float32 output per bucket used to keep live."""
+    from sglang_pd.engine.cuda_graph import graph_reserve_bytes
+    from sglang_pd.models.config import ModelConfig
+    from sglang_pd.tools.make_dummy_config import PRESETS
+
+    cfg = ModelConfig.from_dict(PRESETS["llama-3-8b"])
+    got = graph_reserve_bytes(160, cfg, torch.bfloat16)
+    logits = 160 * cfg.vocab_size * 4
+    one_layer_rows = 160 * 2 * (cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + 2 * cfg.intermediate_size)
+    assert logits + one_layer_rows + (256 << 20) < got < sum(decode_batch_buckets(160)) * cfg.vocab_size * 4
+    assert graph_reserve_bytes(8, cfg, torch.bfloat16) < got  # grows with the captured batch
+    assert graph_reserve_bytes(160, cfg, torch.float32) > got  # and with the activations' dtype
+
+
+def test_forward_time_from_cuda_events_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the host returns once kernels are queued: forward_s comes from events recorded
+    around the forward and read after sampling; on CPU from the host clock."""
+    import time
+
+    from sglang_pd.engine import forward_timer
+
+    class FakeEvent:
+        log: list[str] = []
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.name = "start" if not FakeEvent.log else "end"
+            FakeEvent.log.append(f"new {self.name}")
+
+        def record(self) -> None:
+            FakeEvent.log.append(f"record {self.name}")
+
+        def synchronize(self) -> None:
+            FakeEvent.log.append(f"sync {self.name}")
+
+        def elapsed_time(self, end: "FakeEvent") -> float:
+            return 12.5  # milliseconds
+
+    monkeypatch.setattr(forward_timer.torch.cuda, "Event", FakeEvent)
+    clock = iter([100.0, 100.25])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    timer = forward_timer.ForwardTimer("cuda:0")
+    assert timer.seconds() == 0.0
+    timer.start()
+    timer.stop()
+    assert timer.seconds() == 0.0125 and timer.seconds() == 0.0125
+    assert FakeEvent.log == ["new start", "new end", "record start", "record end", "sync end"]
+    cpu = forward_timer.ForwardTimer("cpu")  # the host clock, twice
+    cpu.start()
+    cpu.stop()
+    assert cpu.seconds() == 0.25
+
+
 def test_cpu_runner_keeps_the_host_path() -> None:
     from sglang_pd.engine.model_runner import ModelRunner
 

@@ -24,11 +24,16 @@ import torch
 from sglang_pd.engine.attention.base import AttentionBackend
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
+from sglang_pd.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BS = 160  # --cuda-graph-max-bs default
-GRAPH_RESERVE_BYTES_PER_BS = 4 << 20  # rough activation + workspace per captured batch row
+# graph_reserve_bytes: cuBLAS/Triton workspaces, allocator rounding and graph bookkeeping
+GRAPH_RESERVE_FIXED_BYTES = 256 << 20
+# ... and rows of split-KV decode scratch beyond one per request: decode_splits aims at two
+# programs per SM, so splits x batch stays near 4 x SMs / kv_heads; 640 covers 160 SMs
+GRAPH_RESERVE_SPLIT_ROWS = 640
 
 
 def decode_batch_buckets(max_bs: int) -> list[int]:
@@ -60,9 +65,24 @@ def graph_max_bs(device: str, disabled: bool, max_bs: int, backend: AttentionBac
     return max_bs
 
 
-def graph_reserve_bytes(max_bs: int) -> int:
-    """Memory to keep out of the KV pool for graphs (memory.pool_pages' reserved_bytes)."""
-    return GRAPH_RESERVE_BYTES_PER_BS * max_bs
+def graph_reserve_bytes(max_bs: int, cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Memory to keep out of the KV pool for graphs (memory.pool_pages' reserved_bytes), sized
+    before the pool exists; CudaGraphRunner.capture measures what capture really took, logs both
+    and warns when the measure is larger. Conservative by construction:
+    - the float32 logits buffer [max_bs, vocab] all graphs write into (one, shared);
+    - the graph pool's transients for max_bs rows, counting every tensor of one layer (and the
+      bf16 logits and their float32 copy) as live at once, although the allocator reuses freed
+      blocks inside the pool and the smaller graphs reuse the largest one's pool;
+    - split-KV decode scratch (float32 partial outputs and LSEs per query head);
+    - a fixed GRAPH_RESERVE_FIXED_BYTES.
+    Llama-3-8B at max_bs 160: about 0.5 GB (the per-bucket float32 outputs kept live before,
+    one per graph, were 0.87 GB on their own)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    h, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    qkv = cfg.q_size + 2 * cfg.kv_size
+    per_row = size * (8 * h + 3 * qkv + 3 * inter) + 4 * 4 * h + vocab * (size + 4)
+    split_scratch = (max_bs + GRAPH_RESERVE_SPLIT_ROWS) * cfg.num_heads * (cfg.head_dim + 1) * 4
+    return max_bs * (per_row + 4 * vocab) + split_scratch + GRAPH_RESERVE_FIXED_BYTES
 
 
 class HostStaging:
@@ -170,16 +190,22 @@ class CudaGraphRunner:
         device = kv_pool.kv_buffer.device
         self.statics = _Statics.allocate(self.buckets[-1], device)
         backend.init_cuda_graph_state(self.buckets[-1], self.max_context_len, kv_pool)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, ForwardBatch]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, ForwardBatch]] = {}
         self._pool_handle = None
+        # float32 [max_bs, vocab]: every graph writes its logits here, so one buffer stays live
+        # instead of one output per graph (0.87 GB for Llama-3-8B's 22 buckets)
+        self._logits: torch.Tensor | None = None
+        self.captured_bytes = 0  # device memory capture took, measured (logged against the reserve)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.buckets[-1]
                 and int(batch.token_slots.shape[1]) <= self.max_context_len)
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Largest bucket first, so the smaller graphs reuse its memory pool."""
+    def capture(self, reserved_bytes: int | None = None) -> None:
+        """Largest bucket first, so the smaller graphs reuse its memory pool and the logits
+        buffer is sized by it. ``reserved_bytes``: what the engine kept out of the KV pool."""
+        free_at_start = torch.cuda.mem_get_info()[0]
         for bs in reversed(self.buckets):
             start, free_before = time.perf_counter(), torch.cuda.mem_get_info()[0]
             batch = self.statics.batch(bs, self.kv_pool, self.backend)
@@ -188,23 +214,35 @@ class CudaGraphRunner:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up: Triton compiles, allocator settles
                 for _ in range(2):
-                    self.model.forward(batch)
+                    warm = self.model.forward(batch)
             torch.cuda.current_stream().wait_stream(stream)
+            if self._logits is None:
+                self._logits = torch.empty(warm.shape, dtype=torch.float32, device=warm.device)
+            del warm
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool_handle):
-                out = self.model.forward(batch).float()
+                self._logits[:bs].copy_(self.model.forward(batch))
             self._pool_handle = graph.pool()
-            self._graphs[bs] = (graph, out, batch)
+            self._graphs[bs] = (graph, batch)
             used = free_before - torch.cuda.mem_get_info()[0]
             logger.info("captured decode graph bs=%d in %.2f s, %.1f MiB", bs,
                         time.perf_counter() - start, used / 2**20)
+        self.captured_bytes = free_at_start - torch.cuda.mem_get_info()[0]
+        logger.info("CUDA graphs: %d buckets took %.0f MiB (reserved %s)", len(self.buckets),
+                    self.captured_bytes / 2**20,
+                    "nothing" if reserved_bytes is None else f"{reserved_bytes / 2**20:.0f} MiB")
+        if reserved_bytes is not None and self.captured_bytes > reserved_bytes:
+            logger.warning("CUDA graphs took %.0f MiB, more than the %.0f MiB reserved for them: "
+                           "lower --mem-fraction-static or --cuda-graph-max-bs if memory runs out",
+                           self.captured_bytes / 2**20, reserved_bytes / 2**20)
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of the real rows: a view of the shared buffer, valid until the next replay."""
         padded = pick_bucket(self.buckets, batch.batch_size)
-        if padded is None or padded not in self._graphs:
+        if padded is None or padded not in self._graphs or self._logits is None:
             raise RuntimeError(f"no captured graph holds a decode batch of {batch.batch_size}")
-        graph, out, static_batch = self._graphs[padded]
+        graph, _static_batch = self._graphs[padded]
         self.statics.fill(batch, padded)
         self.backend.init_forward_metadata_replay(batch, padded)
         graph.replay()
-        return out[: batch.batch_size]
+        return self._logits[: batch.batch_size]

@@ -17,6 +17,7 @@ import torch
 
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
+from sglang_pd.engine.forward_timer import ForwardTimer
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
@@ -69,18 +70,20 @@ class EngineCore:
         attention = create_attention_backend(args.attention_backend, args.device,
                                              cuda_graph=not args.disable_cuda_graph)
         graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs, attention)
+        graph_reserve = graph_reserve_bytes(graph_bs, cfg, dtype) if graph_bs else 0
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
             device=args.device, page_size=args.page_size,
             bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype),
-            reserved_bytes=graph_reserve_bytes(graph_bs) if graph_bs else 0,  # graphs before the pool
+            reserved_bytes=graph_reserve,  # graphs are captured after the pool: kept out before it
         )
         self.kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim,
                               dtype, args.device)
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
-                                  max_positions=cfg.max_position_embeddings)
+                                  max_positions=cfg.max_position_embeddings,
+                                  graph_reserved_bytes=graph_reserve)
         self.page_size = args.page_size
         self.policy_config = cfg_p = replace(args.policy_config(),
                                              decode_attention_padded=attention.decode_pads_to_longest)
@@ -99,7 +102,7 @@ class EngineCore:
         self._steps_recorded = 0  # step profiles appended, ever
         self._steps_sampled = 0  # of them, handed out as stats samples (take_step_samples)
         self.loads = LoadTracker()
-        self._forward_s = 0.0
+        self._forward_timer = ForwardTimer(args.device)  # CUDA events on a GPU, host clock on CPU
         self._flushed_early = False
         self._idle_step = False  # the last step ran nothing although work was queued
         self.stalled_since: float | None = None  # work queued, no progress since then (watchdog)
@@ -222,7 +225,7 @@ class EngineCore:
         self._track_progress(now, made_progress=step is not None or bool(self.outbox))
         outputs, self.outbox = self.outbox, []
         if profile is not None:
-            profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_s
+            profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_timer.seconds()
             self.step_profiles.append(profile)
             self._steps_recorded += 1
             self.loads.step(self.clock(), profile.total_s)
@@ -237,9 +240,9 @@ class EngineCore:
             self.stalled_since = now
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        t = time.perf_counter()
+        self._forward_timer.start()
         logits = self.runner.forward(batch)
-        self._forward_s = time.perf_counter() - t
+        self._forward_timer.stop()  # read at the step's end, after sampling copied results back
         return logits
 
     def _run(self, step: ScheduledStep) -> None:

@@ -18,7 +18,8 @@ from sglang_pd.engine.request import Req
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend,
-                 cuda_graph_max_bs: int = 0, max_positions: int | None = None) -> None:
+                 cuda_graph_max_bs: int = 0, max_positions: int | None = None,
+                 graph_reserved_bytes: int | None = None) -> None:
         self.model = model
         # Positions are checked here, on the host, when a batch is built (the model's RoPE
         # table ends at max_positions): a check inside the forward would sync the device every
@@ -35,7 +36,7 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         if cuda_graph_max_bs > 0 and self.device.type == "cuda" and attn_backend.supports_cuda_graph:
             self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, cuda_graph_max_bs)
-            self.graph_runner.capture()
+            self.graph_runner.capture(graph_reserved_bytes)
 
     def _token_slots(self, reqs: Sequence[Req], seq_lens: list[int]) -> torch.Tensor:
         """[B, max(seq_lens)] KV slot of every token; padding points into dummy page 0."""
