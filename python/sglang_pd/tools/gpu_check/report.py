@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="write the files, print nothing")
     args = ap.parse_args(argv)
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             "device": software.get("device_name", "cpu") if isinstance(software, dict) else "?"}
     (out / "gpu_report.json").write_text(json.dumps({"meta": meta, "stages": stages}, indent=1, default=str))
     (out / "gpu_report.md").write_text(markdown(meta, stages))
-    print(f"\nreport: {out / 'gpu_report.md'}, {out / 'gpu_report.json'}\n")
-    print(short_table(stages))
+    if not args.quiet:
+        print(f"\nreport: {out / 'gpu_report.md'}, {out / 'gpu_report.json'}\n")
+        print(short_table(stages))
     return 0
 
 

@@ -94,9 +94,16 @@ def start_server(ctx: Ctx, log: Path, graphs: bool) -> tuple[subprocess.Popen, s
     return proc, f"http://127.0.0.1:{port}"
 
 
+def _exit_on_term(signum: int, frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum} (the stage's time limit)")
+
+
 def run(ctx: Ctx, rec: Any) -> str:
     log = ctx.work / "server.log"
     proc: subprocess.Popen | None = None
+    # check.sh's timeout sends SIGTERM: unwind through ``finally`` so the server (its own
+    # session, which the timeout does not reach) is stopped and does not hold the GPU
+    signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         # graphs on (the default) first; if that server cannot start, once more without graphs
         for graphs in ([True] if ctx.dry_run else [True, False]):
