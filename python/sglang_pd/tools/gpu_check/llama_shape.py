@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sglang_pd.tools.gpu_check.common import Ctx
+from sglang_pd.tools.gpu_check.common import Ctx, Skip
 
 PAGE = 16
 GIB = 1 << 30
@@ -105,7 +105,7 @@ def fake_reqs(core: Any, batch: int, context: int, extend: bool = False) -> list
 
     per = -(-(context + 1) // PAGE)
     if 1 + batch * per > core.kv_pool.num_pages:
-        raise MemoryError(f"{batch} x {context} tokens need {batch * per} pages; pool has "
+        raise Skip(f"does not fit: {batch} x {context} tokens need {batch * per} pages; pool has "
                           f"{core.kv_pool.num_pages - 1}")
     gen = torch.Generator().manual_seed(batch * 100003 + context)
     ids = torch.randint(3, core.vocab_size, (context + 1,), generator=gen).tolist()
