@@ -1,6 +1,6 @@
 """Stage pd: prefill/decode disaggregation over NIXL (VRAM to VRAM) against colocated serving.
 nixl-cu13 is 59 MB: it does not travel with the tree in one call (64 MiB), so this stage runs
-only where a ``.whl-nixl`` folder was carried (docs/gpu.md section 3.4) and nixl imports."""
+only where a ``.whl-nixl`` folder was carried (docs/gpu.md section 3.5) and nixl imports."""
 
 from __future__ import annotations
 
