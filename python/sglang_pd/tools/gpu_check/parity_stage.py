@@ -2,6 +2,17 @@
 attention backend with CUDA graphs on and off against the torch backend run eagerly, and
 sampled requests (temperature > 0, top-k/top-p/min-p, penalties) served without error.
 
+What must be equal token for token, and what may not be (first H200 run: Triton and torch SDPA
+agreed in float32 on every prompt, and differed in bfloat16 on 2 of 6 prompts, from token 5/8):
+- float32: every backend equals the torch backend (rounding is far below the tiny model's logit
+  gaps);
+- each backend with graphs equals the same backend eager in the production dtype (a graph replays
+  the same kernels: any difference is a bug);
+- across backends in bfloat16 the kernels sum in another order, so a greedy token may flip where
+  the reference's top two are nearly tied. A divergence passes only when the token taken is the
+  reference's second choice and the reference's top-2 log-probability gap there is under
+  NEAR_TIE (a near tie); the gap is reported.
+
 Requests arrive in two waves (the second while the first decodes) so the steps include mixed
 prefill + decode batches, not only a pure prefill and pure decodes."""
 
@@ -18,6 +29,7 @@ GREEDY = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
 SAMPLED = {"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "min_p": 0.05,
            "repetition_penalty": 1.1, "frequency_penalty": 0.2, "ignore_eos": True}
 PROMPT_LENS = (5, 17, 40, 130, 9, 300)
+NEAR_TIE = 0.05  # log-probability gap between the reference's top two that bf16 rounding can flip
 
 
 def prompts(vocab: int, seed: int = 0) -> list[list[int]]:
@@ -33,17 +45,20 @@ def make_engine(ctx: Ctx, backend: str, graphs: bool, dtype: str) -> Any:
                   max_total_tokens=8192, skip_tokenizer_init=True, max_running_requests=16)
 
 
-def drive(engine: Any, batch: list[list[int]], params: dict[str, Any], timeout_s: float = 30.0
-          ) -> list[list[int]]:
+def drive(engine: Any, batch: list[list[int]], params: dict[str, Any], timeout_s: float = 30.0,
+          top2: list[list[list[tuple[float, int]]]] | None = None) -> list[list[int]]:
     """Half the prompts, three steps, the other half; step until all finish. A request that
-    fails (error status) raises with its message."""
+    fails (error status) raises with its message. With ``top2`` (a list to fill), each
+    request's top-2 (logprob, token) per generated token is appended to it."""
     from sglang_pd.offline_engine import parse_sampling_params
     from sglang_pd.protocol import GenerateReq
 
     core, sp = engine.core, parse_sampling_params(params)
-    reqs = [GenerateReq(rid=f"p{i}", input_ids=ids, sampling_params=sp, arrival_time=time.time())
+    reqs = [GenerateReq(rid=f"p{i}", input_ids=ids, sampling_params=sp, arrival_time=time.time(),
+                        return_logprob=top2 is not None, top_logprobs_num=2 if top2 is not None else 0)
             for i, ids in enumerate(batch)]
     out: dict[str, list[int]] = {r.rid: [] for r in reqs}
+    tops: dict[str, list[list[tuple[float, int]]]] = {r.rid: [] for r in reqs}
     pending = set(out)
     half = len(reqs) // 2
     for r in reqs[:half]:
@@ -57,23 +72,49 @@ def drive(engine: Any, batch: list[list[int]], params: dict[str, Any], timeout_s
             raise TimeoutError(f"{len(pending)} requests unfinished after {timeout_s} s")
         for o in core.step():
             out[o.rid].extend(o.new_token_ids)
+            for row in o.output_top_logprobs or []:
+                tops[o.rid].append([(t.logprob, t.token_id) for t in row])
             if o.finish_reason is not None:
                 if o.error_status:
                     raise RuntimeError(f"request {o.rid} failed ({o.error_status}): {o.finish_reason}")
                 pending.discard(o.rid)
         steps += 1
+    if top2 is not None:
+        top2.extend(tops[r.rid] for r in reqs)
     return [out[r.rid] for r in reqs]
 
 
-def compare(got: list[list[int]], ref: list[list[int]]) -> dict[str, Any]:
+def compare(got: list[list[int]], ref: list[list[int]],
+            ref_top2: list[list[list[tuple[float, int]]]] | None = None) -> dict[str, Any]:
+    """Token-for-token comparison; with the reference's top-2 per token, each first divergence
+    is classed as a near tie (the token taken is the reference's runner-up within NEAR_TIE)."""
     first = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None if len(g) == len(r) else
                   min(len(g), len(r))) for g, r in zip(got, ref)]
-    return {"identical": sum(f is None for f in first), "prompts": len(ref),
-            "first_divergence": first}
+    row: dict[str, Any] = {"identical": sum(f is None for f in first), "prompts": len(ref),
+                           "first_divergence": first}
+    if ref_top2 is not None:
+        gaps: list[float | None] = []
+        for p, f in enumerate(first):
+            top = ref_top2[p][f] if f is not None and f < len(ref_top2[p]) and f < len(got[p]) else []
+            near = len(top) == 2 and top[1][1] == got[p][f] and top[0][0] - top[1][0] < NEAR_TIE
+            gaps.append(round(top[0][0] - top[1][0], 5) if near else None)
+        row["near_tie_gap"] = gaps
+        row["near_ties"] = sum(g is not None for g in gaps)
+    return row
+
+
+def mismatched(row: dict[str, Any], strict: bool) -> bool:
+    """True when the row's greedy outputs do not match: strict rows must be identical, others may
+    differ only by near ties."""
+    if "identical" not in row:
+        return False
+    allowed = 0 if strict else row.get("near_ties", 0)
+    return row["identical"] + allowed != row["prompts"]
 
 
 def one_config(ctx: Ctx, backend: str, graphs: bool, dtype: str, ref: list[list[int]] | None,
-               sampled: bool) -> dict[str, Any]:
+               sampled: bool, ref_top2: list[Any] | None = None, eager_twin: list[list[int]] | None = None,
+               top2_out: list[Any] | None = None) -> dict[str, Any]:
     t = time.monotonic()
     engine = make_engine(ctx, backend, graphs, dtype)
     try:
@@ -81,9 +122,11 @@ def one_config(ctx: Ctx, backend: str, graphs: bool, dtype: str, ref: list[list[
         row: dict[str, Any] = {"backend": backend, "dtype": dtype, "graphs_asked": graphs,
                                "graphs_used": engine.core.runner.graph_runner is not None,
                                "start_s": round(time.monotonic() - t, 2)}
-        row["greedy"] = drive(engine, prompts(vocab), GREEDY)
+        row["greedy"] = drive(engine, prompts(vocab), GREEDY, top2=top2_out)
         if ref is not None:
-            row.update(compare(row["greedy"], ref))
+            row.update(compare(row["greedy"], ref, ref_top2))
+        if eager_twin is not None:  # graphs vs the same backend eager: must be identical
+            row["vs_eager_identical"] = compare(row["greedy"], eager_twin)["identical"]
         if sampled:
             outs = drive(engine, prompts(vocab, seed=1), SAMPLED)
             row["sampled_served"] = sum(len(o) == SAMPLED["max_new_tokens"] for o in outs)
@@ -93,29 +136,42 @@ def one_config(ctx: Ctx, backend: str, graphs: bool, dtype: str, ref: list[list[
 
 
 def configs(ctx: Ctx) -> list[tuple[str, bool, str]]:
-    """(backend, graphs, dtype) after the reference (torch, eager, production dtype)."""
+    """(backend, graphs, dtype) after the reference (torch, eager, production dtype); each
+    backend's eager run comes before its graph run so the two can be compared."""
     d = ctx.dtype_name
     if ctx.dry_run:  # the CPU has neither graphs nor a fast Triton: the torch path, both ways
         return [("torch", True, d)]
-    rows = [("triton", True, d), ("triton", False, d), ("torch", True, d), ("auto", True, d)]
+    rows = [("triton", False, d), ("triton", True, d), ("torch", True, d), ("auto", True, d)]
     if importlib.util.find_spec("flashinfer") is not None:
-        rows += [("flashinfer", True, d), ("flashinfer", False, d)]
+        rows += [("flashinfer", False, d), ("flashinfer", True, d)]
     return rows + [("torch", False, "float32"), ("triton", True, "float32")]
 
 
 def run(ctx: Ctx, rec: Any) -> str:
+    ref_top2: list[Any] = []
     base = attempt(rec, "torch_eager_" + ctx.dtype_name,
-                   lambda: one_config(ctx, "torch", False, ctx.dtype_name, None, sampled=True))
+                   lambda: one_config(ctx, "torch", False, ctx.dtype_name, None, sampled=True,
+                                      top2_out=ref_top2))
     ref = base.get("greedy")
     ref32: list[list[int]] | None = None
+    eager: dict[str, list[list[int]]] = {"torch": ref} if ref is not None else {}
     bad: list[str] = []
     for backend, graphs, dtype in configs(ctx):
         key = f"{backend}_{'graphs' if graphs else 'eager'}_{dtype}"
-        against = ref if dtype == ctx.dtype_name else ref32
-        row = attempt(rec, key, lambda: one_config(ctx, backend, graphs, dtype, against, sampled=graphs))
+        prod = dtype == ctx.dtype_name
+        against = ref if prod else ref32
+        # near ties are allowed only across backends in a reduced-precision production dtype
+        lenient = prod and backend != "torch" and ctx.dtype_name != "float32"
+        twin = eager.get("triton" if backend == "auto" else backend) if graphs and prod else None
+        row = attempt(rec, key, lambda: one_config(
+            ctx, backend, graphs, dtype, against, sampled=graphs,
+            ref_top2=ref_top2 if lenient else None, eager_twin=twin))
+        if not graphs and prod and "greedy" in row:
+            eager[backend] = row["greedy"]
         if backend == "torch" and dtype == "float32" and not graphs:
             ref32 = row.get("greedy")
-        if "error" in row or row.get("identical", row.get("prompts")) != row.get("prompts") or (
+        if "error" in row or mismatched(row, strict=not lenient) or (
+                row.get("vs_eager_identical", row.get("prompts")) != row.get("prompts")) or (
                 "sampled_served" in row and row["sampled_served"] != len(PROMPT_LENS)):
             bad.append(key)
     if "error" in base or base.get("sampled_served") != len(PROMPT_LENS):
@@ -123,5 +179,7 @@ def run(ctx: Ctx, rec: Any) -> str:
     if bad:
         rec.piece["status"] = "fail"
     n = len(configs(ctx))
-    return f"{n - len([b for b in bad if 'reference' not in b])}/{n} configs match the torch eager reference" + (
-        f"; failing: {', '.join(bad)}" if bad else "")
+    ties = sum(v.get("near_ties", 0) for v in rec.data.values() if isinstance(v, dict))
+    return (f"{n - len([b for b in bad if 'reference' not in b])}/{n} configs match the torch eager "
+            f"reference (bf16 near ties allowed across backends: {ties})"
+            + (f"; failing: {', '.join(bad)}" if bad else ""))
