@@ -17,6 +17,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from fake_engine import write_tiny_model_dir  # noqa: E402
+from sglang_pd.frontend.inputs import INLINE_TOKENIZE_CHARS  # noqa: E402
 from test_http_fake_engine import start_server, stop_server  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,20 +85,40 @@ def test_oversized_body_is_a_413_and_health_stays_live(url: str) -> None:
     assert httpx.get(url + "/health", timeout=5).status_code == 200
 
 
-def test_long_text_is_tokenized_off_the_event_loop(url: str) -> None:
-    """A text near the character limit must not freeze /health while it is tokenized."""
+def test_long_text_is_tokenized_off_the_event_loop(tmp_path) -> None:
+    """While a big text is being tokenized, /health still answers: the server's tokenizer is
+    made to block (blocking_tokenizer_site/sitecustomize.py) until the test has seen /health
+    answer, so a tokenization on the event loop would leave /health unanswered (its timeout)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    big_dir = write_tiny_model_dir(str(tmp_path / "model"), context_length=16384)
+    site = os.path.join(HERE, "blocking_tokenizer_site")
+    srv = start_server(big_dir, str(tmp_path / "s.log"), env={
+        "BLOCKING_TOKENIZER_DIR": str(gate),
+        "PYTHONPATH": os.pathsep.join([site, HERE, os.environ.get("PYTHONPATH", "")])})
+    text = "BLOCK-TOKENIZER " + "ab " * (INLINE_TOKENIZE_CHARS // 3 + 100)
+    assert len(text) > INLINE_TOKENIZE_CHARS  # the size that goes to a worker thread
     results: dict[str, Any] = {}
 
     def big() -> None:
-        results["r"] = httpx.post(url + "/generate", json={"text": "ab " * 2700,
-                                                           "sampling_params": {"max_new_tokens": 1}},
-                                  timeout=60)
+        results["r"] = httpx.post(srv.url + "/generate", json={
+            "text": text, "sampling_params": {"max_new_tokens": 1}}, timeout=90)
 
     t = threading.Thread(target=big)
-    t.start()
-    assert httpx.get(url + "/health", timeout=10).status_code == 200
-    t.join()
-    assert results["r"].status_code in (200, 400), results["r"].text  # 400: over the context
+    try:
+        t.start()
+        deadline = time.monotonic() + 30  # a hang guard, not a bar
+        while not (gate / "started").exists():
+            assert time.monotonic() < deadline, "the long prompt never reached the tokenizer"
+            time.sleep(0.01)
+        # the tokenizer is blocked until "release" exists: /health must answer meanwhile
+        assert httpx.get(srv.url + "/health", timeout=15).status_code == 200
+        assert not results  # the long request is still waiting for its tokens
+    finally:
+        (gate / "release").touch()
+        t.join(90)
+        stop_server(srv)
+    assert results["r"].status_code == 200, results["r"].text
 
 
 def test_queue_limit_answers_503_with_retry_after(model_dir: str, tmp_path) -> None:
