@@ -228,3 +228,53 @@ def test_streamed_completion_logprobs_match_the_whole_answer(url: str) -> None:
     assert text == whole["text"]
     assert tokens == whole["logprobs"]["tokens"] and len(tokens) == 12
     assert offsets == whole["logprobs"]["text_offset"]
+
+
+def _app_routes() -> list[tuple[str, str]]:
+    """(method, path) of every route the server's own app factory registers (included routers
+    walked too: FastAPI 0.165 keeps them as one entry each)."""
+    from fastapi.routing import APIRoute
+
+    from sglang_pd.entrypoints.http_server import create_app
+    from sglang_pd.server_args import ServerArgs
+
+    def walk(routes: list, prefix: str) -> list[tuple[str, str]]:
+        found = []
+        for r in routes:
+            if isinstance(r, APIRoute):
+                found += [(m, prefix + r.path) for m in r.methods if m != "HEAD"]
+            elif hasattr(r, "original_router"):  # an included router
+                found += walk(r.original_router.routes, prefix + r.include_context.prefix)
+            else:
+                raise AssertionError(f"a route of unknown kind: {r!r}")  # would go unchecked
+        return found
+
+    app = create_app(ServerArgs(model_path="m", api_key="k"), tokenizer_manager=None)  # type: ignore[arg-type]
+    return sorted(walk(app.routes, ""))
+
+
+def test_api_key_guards_every_route_but_health(model_dir: str, tmp_path) -> None:
+    """docs/api.md: with --api-key every endpoint except GET /health needs the key. The routes
+    come from the app's own table, so a new route that skips the guard fails here."""
+    routes = _app_routes()
+    documented = {("POST", "/abort_request"), ("POST", "/flush_cache"), ("POST", "/set_prefill_role"),
+                  ("GET", "/get_load"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                  ("POST", "/generate"), ("GET", "/metrics"), ("GET", "/health")}
+    assert documented <= set(routes), documented - set(routes)
+    srv = start_server(model_dir, str(tmp_path / "k.log"), "--api-key", "sekret")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            open_routes = []
+            for method, path in routes:
+                for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+                    r = c.request(method, path, json={}, headers=headers)
+                    if r.status_code != 401:
+                        open_routes.append((method, path, headers))
+                    else:
+                        assert "API key" in r.json()["error"]["message"], r.text
+                r = c.request(method, path, json={}, headers={"Authorization": "Bearer sekret"})
+                assert r.status_code != 401, (method, path, r.text)  # the key opens every route
+            assert open_routes == [("GET", "/health", h) for h in
+                                   ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"})]
+    finally:
+        stop_server(srv)
