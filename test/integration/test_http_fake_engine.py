@@ -444,16 +444,32 @@ def test_info_endpoints(client: httpx.Client, server: Server) -> None:
     assert r.status_code == 200 and "flushed" in r.text
 
 
+def _metric_values(client: httpx.Client) -> dict[str, float]:
+    """/metrics -> {sample name: value} for the served model's unlabelled-but-model samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for fam in text_string_to_metric_families(client.get("/metrics").text)
+            for s in fam.samples if s.labels == {"model_name": "tiny"}}
+
+
 def test_metrics(client: httpx.Client) -> None:
-    client.post("/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 3}})
-    text = client.get("/metrics").text
-    for name in ("sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
-                 "sglang:e2e_request_latency_seconds", "sglang:num_running_reqs",
-                 "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-                 "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-                 "sglang:num_requests_total"):
-        assert name in text, name
-    assert 'model_name="tiny"' in text
+    """One finished request moves each counter by what it did (values, not names printed at 0)."""
+    before = _metric_values(client)
+    r = client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {
+        "max_new_tokens": 3, "ignore_eos": True}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
+    after = _metric_values(client)
+    moved = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert moved["sglang:prompt_tokens_total"] == 2
+    assert moved["sglang:generation_tokens_total"] == 3
+    assert moved["sglang:num_requests_total"] == 1
+    assert moved["sglang:time_to_first_token_seconds_count"] == 1
+    assert moved["sglang:e2e_request_latency_seconds_count"] == 1
+    assert moved["sglang:e2e_request_latency_seconds_sum"] > 0
+    assert moved["sglang:inter_token_latency_seconds_count"] >= 1  # 2 gaps, maybe sent together
+    for gauge in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                  "sglang:gen_throughput"):
+        assert gauge in after, gauge
 
 
 # ------------------------------------------------------------------ process lifecycle
