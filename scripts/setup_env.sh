@@ -18,8 +18,9 @@ fi
 # shellcheck disable=SC1091
 . "$_venv/bin/activate"
 _stamp="$_venv/.sglang_pd_installed_${_extras//,/_}"
-_hash="$(cat "$_root/pyproject.toml" "$_root/scripts/setup_env.sh" | sha256sum | cut -c1-16)"
 _required="$(python "$_root/scripts/check_components.py" --all-but "${SGLANG_PD_ALLOW_MISSING:-}")"
+# the required set is part of the stamp: a run that needs what an opted-out run lacked retries
+_hash="$( (cat "$_root/pyproject.toml" "$_root/scripts/setup_env.sh"; echo "$_required") | sha256sum | cut -c1-16)"
 if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_hash" ]; then
   echo "[setup] installing sglang-pd[$_extras] into $_venv (first run takes a few minutes)"
   python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
