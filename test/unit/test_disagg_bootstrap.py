@@ -6,7 +6,6 @@ needs real (milliseconds of) time, so ``until`` spins with short sleeps.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from polling import until
@@ -86,11 +85,22 @@ def test_register_refusal_abort_and_heartbeat(threaded: bool) -> None:
         assert [e.msg for e in seen if isinstance(e.msg, m.Abort)] == [
             m.Abort(1, "prefill says stop")
         ]
-        # Heartbeats are answered by the server itself: far past interval*max_failure, still alive.
-        for step in range(1, 40):
-            assert not [e for e in client.poll(0.5 + step * 0.5) if isinstance(e, PeerDead)]
+        # Heartbeats are answered by the server itself: far past interval*max_failure, still
+        # alive. Fake time moves on only once the ping sent at this time was answered (ordered
+        # by events, so a slow machine cannot turn ZMQ delay into missed heartbeats).
+        (link,) = client._links.values()
+        dead: list = []
+
+        def answered(now: float) -> bool:
             server.poll()
-            time.sleep(0.003)
+            dead.extend(e for e in client.poll(now) if isinstance(e, PeerDead))
+            return link.outstanding is None
+
+        for step in range(1, 40):
+            now = 0.5 + step * 0.5
+            dead.extend(e for e in client.poll(now) if isinstance(e, PeerDead))
+            until(lambda: answered(now), f"heartbeat answer at t={now}", timeout=30)
+        assert not dead and link.failures == 0
     finally:
         client.close()
         server.close()
