@@ -170,6 +170,56 @@ def test_watchdog_fails_health_when_the_engine_stops_answering(model_dir: str, t
         stop_server(srv)
 
 
+def test_health_is_503_when_the_engine_reports_no_progress(model_dir: str, tmp_path) -> None:
+    """docs/api.md: /health fails when the engine reports queued work that made no progress for
+    --watchdog-timeout (EngineStats.engine_stall_s), though it still answers."""
+    srv = start_server(model_dir, str(tmp_path / "st.log"), "--watchdog-timeout", "2",
+                       env={"FAKE_ENGINE_STALL_S": "3"}, wait=False)
+    try:
+        deadline = time.monotonic() + 60  # a hang guard: stats arrive every 0.2 s
+        while True:
+            assert srv.proc.poll() is None, srv.log()
+            try:
+                r = httpx.get(srv.url + "/health", timeout=5)
+                if r.status_code == 503:
+                    break
+            except httpx.TransportError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, "/health never failed"
+            time.sleep(0.1)
+        assert "made no progress for 3 s" in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
+        assert httpx.get(srv.url + "/get_load", timeout=10).status_code == 200  # the engine answers
+    finally:
+        stop_server(srv)
+
+
+def test_unanswered_control_call_is_a_504_in_the_error_shape(model_dir: str, tmp_path) -> None:
+    """docs/api.md: 504 TimeoutError when the engine does not answer a control call in time."""
+    srv = start_server(model_dir, str(tmp_path / "c.log"), env={"FAKE_ENGINE_IGNORE_CONTROL": "get_load"})
+    try:
+        r = httpx.get(srv.url + "/get_load", timeout=60)
+        assert r.status_code == 504, r.text
+        assert r.json() == {"error": {"message": "the engine did not answer 'get_load' within 5s",
+                                      "type": "TimeoutError", "code": 504}}
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200  # nothing else broke
+    finally:
+        stop_server(srv)
+
+
+def test_unknown_path_is_a_404_in_the_error_shape(url: str) -> None:
+    r = httpx.get(url + "/no/such/path")
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "NotFoundError" and r.json()["error"]["code"] == 404
+
+
+def test_stop_token_ids_limit_is_256(url: str) -> None:
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1, "stop_token_ids": list(range(256))}}
+    assert httpx.post(url + "/generate", json=body, timeout=30).status_code == 200
+    body["sampling_params"]["stop_token_ids"] = list(range(257))
+    _err(httpx.post(url + "/generate", json=body, timeout=30), 400, "at most 256 stop_token_ids")
+
+
 def test_drain_past_grace_answers_json_and_a_final_sse_error(model_dir: str, tmp_path) -> None:
     """Issue 22 item 10: past the grace period clients got plain-text 500s and cut streams."""
     srv = start_server(model_dir, str(tmp_path / "d.log"),
