@@ -328,3 +328,56 @@ def test_api_key_guards_every_route_but_health(model_dir: str, tmp_path) -> None
                                    ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"})]
     finally:
         stop_server(srv)
+
+
+# ---------------------------------------------------------------- docs/api.md, server lifecycle
+def test_start_up_exits_1_when_the_port_is_taken(model_dir: str, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        srv = start_server(model_dir, str(tmp_path / "p.log"), "--host", "127.0.0.1",
+                           "--port", str(port), wait=False)  # the last --port wins
+        try:
+            assert srv.proc.wait(60) == 1, srv.log()  # a hang guard, not a bar
+            assert str(port) in srv.log() and "in use" in srv.log().lower(), srv.log()
+        finally:
+            stop_server(srv)
+
+
+def test_start_up_exits_1_when_the_tokenizer_cannot_load(tmp_path) -> None:
+    broken = write_tiny_model_dir(str(tmp_path / "model"))
+    with open(os.path.join(broken, "tokenizer.json"), "w") as f:
+        f.write("{not json")
+    srv = start_server(broken, str(tmp_path / "t.log"), wait=False)
+    try:
+        assert srv.proc.wait(60) == 1, srv.log()
+        assert "tokenizer" in srv.log().lower(), srv.log()
+    finally:
+        stop_server(srv)
+
+
+def test_in_flight_requests_get_503_when_the_engine_dies(model_dir: str, tmp_path) -> None:
+    srv = start_server(model_dir, str(tmp_path / "e.log"), env={"FAKE_ENGINE_STEP_S": "0.2"})
+    out: dict[str, Any] = {}
+
+    def long_request() -> None:
+        out["r"] = httpx.post(srv.url + "/generate", json={
+            "text": "hi", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}, timeout=60)
+
+    t = threading.Thread(target=long_request)
+    try:
+        engine_pid = httpx.get(srv.url + "/get_server_info").json()["internal_states"][0]["pid"]
+        t.start()
+        deadline = time.monotonic() + 30  # a hang guard
+        while httpx.get(srv.url + "/get_load").json()["num_running_reqs"] < 1:
+            assert time.monotonic() < deadline, "the request never reached the engine"
+            time.sleep(0.05)
+        os.kill(engine_pid, signal.SIGKILL)
+        t.join(60)
+        _err(out["r"], 503, "engine")
+        assert srv.proc.wait(30) == 1, srv.log()
+    finally:
+        stop_server(srv)
