@@ -252,3 +252,28 @@ def test_queued_request_is_not_mistaken_for_one_that_never_came() -> None:
     finally:
         pm.close()
         dm.close()
+
+
+def test_prefill_acks_an_abort_for_a_room_it_does_not_know() -> None:
+    """docs/disaggregation.md: AbortAck promises nothing is in flight, "P answers this for rooms
+    it does not know, too" (a decode that aborts a room prefill never saw must not wait for
+    its quarantine limit); no room is created and no update reported."""
+    pm, dm = make_pair(FakeFabric())
+    client = BootstrapClient(heartbeat_interval=1.0)
+    try:
+        abort = m.Abort(room=99, reason="never registered")
+        assert client._send_for_room("127.0.0.1", pm.server.port, 99, abort, 0.0) is None
+        got: list = []
+        updates: list = []
+
+        def acked() -> bool:
+            updates.extend(pm.poll(0.0))
+            got.extend(e.msg for e in client.poll(0.0) if isinstance(e, Incoming))
+            return bool(got)
+
+        until(acked, "AbortAck")
+        assert got == [m.AbortAck(room=99)] and updates == [] and pm.rooms == {}
+    finally:
+        client.close()
+        pm.close()
+        dm.close()
