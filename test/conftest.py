@@ -23,7 +23,10 @@ os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
 
 def _required() -> list[str]:
-    return parse_names(os.environ.get("SGLANG_PD_REQUIRED"))
+    try:
+        return parse_names(os.environ.get("SGLANG_PD_REQUIRED"))
+    except ValueError as e:
+        raise pytest.UsageError(f"SGLANG_PD_REQUIRED: {e}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
