@@ -472,6 +472,37 @@ def test_metrics(client: httpx.Client) -> None:
         assert gauge in after, gauge
 
 
+def _slo_counts(client: httpx.Client) -> dict[tuple[str, str], float]:
+    """{(metric, request_class): value} of the SLO attainment counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, s.labels["request_class"]): s.value
+            for fam in text_string_to_metric_families(client.get("/metrics").text)
+            for s in fam.samples if s.name.startswith("sglang:slo_") and s.name.endswith("_total")}
+
+
+def test_slo_counters_follow_the_documented_rules(client: httpx.Client) -> None:
+    """docs/api.md: TTFT/TPOT within the SLO counts met, over it missed; a request of one token
+    is not counted for TPOT; a request without an SLO is not counted. The fake engine makes a
+    token every 5 ms, so a 1 us SLO is always missed and a 60 s one always met."""
+    def gen(n: int, slo: dict | None) -> None:
+        body: dict[str, Any] = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": n,
+                                                                         "ignore_eos": True}}
+        if slo is not None:
+            body["slo"] = slo
+        assert client.post("/generate", json=body).status_code == 200
+
+    before = _slo_counts(client)
+    gen(4, {"ttft_ms": 60_000, "tpot_ms": 60_000})  # met, met
+    gen(4, {"ttft_ms": 0.001, "tpot_ms": 0.001})  # missed, missed
+    gen(1, {"ttft_ms": 60_000, "tpot_ms": 0.001})  # met; one token: no TPOT
+    gen(4, None)  # no SLO (the server sets none): not counted
+    after = _slo_counts(client)
+    moved = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+    assert moved == {("sglang:slo_ttft_met_total", "short"): 2, ("sglang:slo_ttft_missed_total", "short"): 1,
+                     ("sglang:slo_tpot_met_total", "short"): 1, ("sglang:slo_tpot_missed_total", "short"): 1}
+
+
 # ------------------------------------------------------------------ process lifecycle
 def test_sigterm_exits_cleanly(model_dir: str, tmp_path: Any) -> None:
     srv = start_server(model_dir, str(tmp_path / "log"))
