@@ -132,7 +132,7 @@ def test_queue_limit_answers_503_with_retry_after(model_dir: str, tmp_path) -> N
                        for _ in range(2)]
             for t in threads:
                 t.start()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a hang guard
             while c.get("/get_load").json()["num_frontend_reqs"] < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             r = c.post("/generate", json=body)
@@ -153,13 +153,13 @@ def test_watchdog_fails_health_when_the_engine_stops_answering(model_dir: str, t
         assert httpx.get(srv.url + "/health").status_code == 200
         def stuck_request() -> None:
             try:
-                httpx.post(srv.url + "/generate", json={"text": "hi"}, timeout=5)
+                httpx.post(srv.url + "/generate", json={"text": "hi"}, timeout=120)  # pending
             except httpx.HTTPError:
                 pass  # expected: the engine never answers
 
         t = threading.Thread(target=stuck_request, daemon=True)
         t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hang guard
         status = 200
         while status == 200 and time.monotonic() < deadline:
             time.sleep(0.2)
