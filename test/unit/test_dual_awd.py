@@ -223,3 +223,36 @@ def test_shorts_run_between_long_steps_longer_than_the_wait_bound() -> None:
     between = kinds[first:last + 1]
     assert "short" in between  # the long prefill did not run its 4 chunks back to back
     assert max(done[f"s{i}"] - (0.001 + 0.02 * i) for i in range(20)) < 0.3
+
+
+def test_one_decision_with_a_single_free_slot_does_not_pin_depth() -> None:
+    """D is learnt from waits, not from free slots: a decision with one free slot dispatches
+    one request but leaves D and W as they were, and a steady stream then fills batches of D
+    again. (Clamping D to the slots pinned it at 1: quick dispatches set W to ~0, the next
+    lone request went at once, D fell back to 1, and so on for good.)"""
+    awd = _awd()
+    awd.depth, awd.window = 8, 0.010
+    d = awd.decide([_short(f"r{i}", 0.0) for i in range(5)], 0.001, 16384, 1)
+    assert d.reason == "depth" and len(d.batch) == 1
+    _dispatched(awd, d, 1, 0.001)
+    assert awd.depth == 8 and awd.window == pytest.approx(0.010)
+    # a stream of one short every 0.5 ms with slots to spare: batches of D form again
+    sizes, now, queue, k = [], 0.002, [], 0
+    while now < 0.2:
+        queue.append(_short(f"s{k}", now))
+        k += 1
+        d = awd.decide(queue, now, 16384, 64)
+        if d.batch:
+            _dispatched(awd, d, len(d.batch), now)
+            sizes.append(len(d.batch))
+            queue = [r for r in queue if r not in d.batch]
+        now += 0.0005
+    assert max(sizes[-5:]) >= 8 and awd.depth >= 8
+
+
+def _dispatched(awd: AwdBatcher, d, depth: int, now: float) -> None:
+    """What the dual policy reports after a dispatch (``capped`` when the decision says so)."""
+    if getattr(d, "capped", False):
+        awd.dispatched(depth, now, d.round_start, True)
+    else:
+        awd.dispatched(depth, now, d.round_start)

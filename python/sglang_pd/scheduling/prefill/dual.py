@@ -201,7 +201,8 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         src = decision.queue.sub(decision.positions) if decision.queue is not None else decision.batch
         plan = self._grant_all(src, budget)
         if plan:
-            self.awd.dispatched(len(plan), now, decision.round_start)
+            capped = decision.capped or len(plan) < len(decision.batch)  # slots, tokens or KV
+            self.awd.dispatched(len(plan), now, decision.round_start, capped)
             self.last_short_step = now
             self.last_class = "short"
         return plan
