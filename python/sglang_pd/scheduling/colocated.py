@@ -8,18 +8,21 @@ The rule (a time budget per decode step, after Medha's time-budget chunking and 
 stall-free batching), applied only while decodes are running (with none, prefill runs as before):
 - B, the prefill time one decode step may wait for: ``--prefill-time-budget-ms`` or else
   ``--slo-tpot-ms`` (Medha's target step time) minus the decode step's own time, at least
-  ``MIN_BUDGET_S``; with neither, ``PREFILL_SHARE`` times the decode step's time (prefill takes at
-  most 2/3 of the time while decodes run, so decode keeps at least 1/3 of its own throughput).
+  ``MIN_BUDGET_S``; with neither, ``PREFILL_SHARE`` (1.5) times the decode step's time (prefill
+  takes at most 60% of the time while decodes run; decode keeps at least 40% of its throughput).
   The decode step's time is what this server measured (a moving average of its pure decode
   steps; before the first one, ``COLD_DECODE_S``).
 - a step's prefill tokens are capped to what the prefill cost model predicts fits in B, at the
   context of the longest partly prefilled request (a chunk over a long context costs more),
-  and never below ``MIN_TOKENS`` (prefill always progresses);
+  and to B over the measured seconds per token of recent pure prefill steps (the cost model
+  starts from a prior that can be far off, e.g. a GPU prior on a CPU, and needs a window of
+  samples to move: the measured rate is right from the first prefill step); never below
+  ``MIN_TOKENS`` (prefill always progresses);
 - without mixed steps, a prefill step is followed by a decode step whenever decodes run; with
   ``--enable-mixed-chunk`` the decodes ride along every prefill step.
 Bound: between two decode steps of a running request, prefill adds at most one B (as predicted
 by the cost model, which learns from every pure prefill step), so TPOT <= decode step + B:
-the TPOT SLO when one is set, else 3x the decode step time.
+the TPOT SLO when one is set, else 2.5x the decode step time.
 Pure: no torch, no I/O, time passed in; the Scheduler calls it from ``schedule`` and ``observe``.
 """
 
@@ -30,7 +33,7 @@ from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.chunking import largest_chunk
 from sglang_pd.scheduling.step import ForwardMode, StepProfile
 
-PREFILL_SHARE = 2.0  # without a TPOT target: B = this x the decode step time
+PREFILL_SHARE = 1.5  # without a TPOT target: B = this x the decode step time
 MIN_BUDGET_S = 2e-3  # an SLO tighter than the decode step itself still lets prefill move
 MIN_TOKENS = 32  # prefill tokens a step may always take (progress whatever the model says)
 COLD_DECODE_S = 0.02  # the decode step time assumed before one was measured
@@ -46,6 +49,7 @@ class ColocatedInterleave:
         self.mixed = cfg.enable_mixed_chunk
         self.decode_s = COLD_DECODE_S
         self._seen_decode = False
+        self.token_s: float | None = None  # measured seconds per prefill token (moving average)
 
     def budget_s(self) -> float:
         """B: prefill time a decode step may wait for (module docstring)."""
@@ -59,7 +63,10 @@ class ColocatedInterleave:
         b = self.budget_s()
         if not self.mixed:
             b -= self.model.coeffs.launch_s  # a pure prefill step pays its own launch
-        return max(largest_chunk(self.model, b, context, cap), min(MIN_TOKENS, cap))
+        n = largest_chunk(self.model, b, context, cap)
+        if self.token_s:
+            n = min(n, int(max(b, 0.0) / self.token_s))
+        return max(n, min(MIN_TOKENS, cap))
 
     def decode_turn(self, last_was_prefill: bool) -> bool:
         """Whether this step must decode first: after a prefill step that left decodes waiting."""
@@ -67,6 +74,9 @@ class ColocatedInterleave:
 
     def observe(self, step: StepProfile, elapsed_s: float) -> None:
         self.model.observe(step, elapsed_s, 0.0)
+        if step.mode is ForwardMode.EXTEND and step.new_tokens > 0 and elapsed_s > 0:
+            per = elapsed_s / step.new_tokens  # launch included: errs on the small side
+            self.token_s = per if self.token_s is None else self.token_s + EMA * (per - self.token_s)
         if step.mode is ForwardMode.DECODE and elapsed_s > 0:
             if not self._seen_decode:
                 self.decode_s, self._seen_decode = elapsed_s, True
