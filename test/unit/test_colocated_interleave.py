@@ -132,6 +132,10 @@ def test_budget_rule() -> None:
     slo.decode_s = 0.2  # SLO tighter than the decode step: prefill still moves
     assert slo.prefill_tokens(0, 512) == MIN_TOKENS
     assert lace.decode_turn(True) and not lace.decode_turn(False)
+    # a launch worth many tokens: no step smaller than the launch's worth (fixed model)
+    heavy = ColocatedInterleave(cfg, PrefillCostModel.fixed(PrefillCoeffs(launch_s=0.1, b=1e-3)))
+    heavy.decode_s = 0.01
+    assert heavy.floor_tokens() == 100 and heavy.prefill_tokens(0, 512) == 100
     mixed = ColocatedInterleave(PolicyConfig(enable_mixed_chunk=True), PrefillCostModel.fixed(COEFFS))
     assert not mixed.decode_turn(True)
 

@@ -17,16 +17,21 @@ stall-free batching), applied only while decodes are running (with none, prefill
   and to B over the measured seconds per token of recent pure prefill steps (the cost model
   starts from a prior that can be far off, e.g. a GPU prior on a CPU, and needs a window of
   samples to move: the measured rate is right from the first prefill step); never below
-  ``MIN_TOKENS`` (prefill always progresses);
+  ``floor_tokens``: ``MIN_TOKENS`` (prefill always progresses), or more where a step's launch
+  costs as much as that many tokens once the model has learnt (smaller chunks would cost
+  prefill over half its throughput for little gain to the decodes);
 - without mixed steps, a prefill step is followed by a decode step whenever decodes run; with
   ``--enable-mixed-chunk`` the decodes ride along every prefill step.
-Bound: between two decode steps of a running request, prefill adds at most one B (as predicted
-by the cost model, which learns from every pure prefill step), so TPOT <= decode step + B:
-the TPOT SLO when one is set, else 2.5x the decode step time.
+Bound: between two decode steps of a running request, prefill adds at most one step of
+max(B, the floor's step) (as predicted by the cost model, which learns from every pure prefill
+step), so TPOT <= decode step + B (the TPOT SLO when one is set, else 2.5x the decode step
+time) wherever a floor-sized step fits in B.
 Pure: no torch, no I/O, time passed in; the Scheduler calls it from ``schedule`` and ``observe``.
 """
 
 from __future__ import annotations
+
+import math
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
@@ -66,7 +71,16 @@ class ColocatedInterleave:
         n = largest_chunk(self.model, b, context, cap)
         if self.token_s:
             n = min(n, int(max(b, 0.0) / self.token_s))
-        return max(n, min(MIN_TOKENS, cap))
+        return max(n, min(self.floor_tokens(), cap))
+
+    def floor_tokens(self) -> int:
+        """The smallest prefill step worth its launch: where the step's fixed cost equals its
+        token work (smaller steps cost prefill more throughput than they save the decodes)."""
+        m = self.model
+        if m.learn and m.num_samples < m.min_samples:
+            return MIN_TOKENS  # the prior's launch/token split says nothing about this machine
+        k = m.coeffs.b + m.coeffs.g_w
+        return max(MIN_TOKENS, math.ceil(m.coeffs.launch_s / k) if k > 0 else MIN_TOKENS)
 
     def decode_turn(self, last_was_prefill: bool) -> bool:
         """Whether this step must decode first: after a prefill step that left decodes waiting."""
