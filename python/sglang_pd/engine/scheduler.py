@@ -11,6 +11,8 @@ back first, then the newest running request is retracted (its pages freed, its t
 and re-prefilled later (recomputation, as in vLLM/nano-vllm). PD requests whose KV is in flight
 are parked here with their pages, and pages a peer may still write sit in quarantine.
 Invariant: allocator.used == pages of waiting + running + parked requests + quarantined pages.
+Colocated step composition: prefill interleaves with running decodes by one rule,
+``scheduling/colocated.py`` (a time budget per decode step), called from ``schedule``.
 """
 
 from __future__ import annotations
