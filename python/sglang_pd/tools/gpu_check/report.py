@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -45,6 +46,9 @@ def collect(work: Path) -> list[dict[str, Any]]:
 
 
 def git_commit() -> str:
+    # the device machine's copy of the tree may carry a stale .git: the caller can name the commit
+    if os.environ.get("GPU_CHECK_COMMIT"):
+        return os.environ["GPU_CHECK_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=5).stdout.strip() or "?"
