@@ -34,6 +34,7 @@ class FakeWorker:
     role_requests: list[str] = field(default_factory=list)
     role_route: bool = True  # answer /set_prefill_role (else 404)
     healthy: bool = True
+    hung: bool = False  # accept connections, never answer any route (a stopped process)
     cancelled: int = 0  # requests whose client went away before the answer ended
     answered: int = 0  # answers sent in full
     url: str = ""
@@ -96,8 +97,14 @@ class FakeWorker:
         self.load["prefill_role"] = role
         return web.json_response({"prefill_role": role})
 
+    @web.middleware
+    async def _hang(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        while self.hung:
+            await asyncio.sleep(0.05)
+        return await handler(request)
+
     async def start(self) -> str:
-        app = web.Application()
+        app = web.Application(middlewares=[self._hang], client_max_size=64 << 20)
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             app.router.add_post(path, self._generate)
 
