@@ -78,7 +78,8 @@ class Guard:
     def __init__(self, api_key: str | None, admin_api_key: str | None,
                  metrics_api_key: str | None, body_timeout_s: float) -> None:
         self.router_id = os.urandom(8).hex()
-        self.client_keys = tuple(k for k in (api_key, admin_api_key) if k)
+        # client routes are keyed by --api-key alone (an admin key also opens them then)
+        self.client_keys = tuple(k for k in (api_key, admin_api_key) if k) if api_key else ()
         self.admin_keys = tuple(k for k in (admin_api_key or api_key,) if k)
         self.metrics_keys = tuple(k for k in (metrics_api_key, api_key, admin_api_key) if k)
         self.body_timeout_s = body_timeout_s
