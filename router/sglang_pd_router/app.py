@@ -85,6 +85,7 @@ class RouterService:
             kv_deadline_s=self.cfg.kv_deadline_s,
             first_byte_timeout_s=self.cfg.first_byte_timeout_s,
             probe_timeout_s=min(self.cfg.health_check_timeout_s, 2.0),
+            max_migrations=self.cfg.max_migrations,
             on_routed=lambda cls, p, d: self.metrics.routed.labels(cls, p.url, d.url).inc(),
             on_retry=lambda cls: self.metrics.retries.labels(cls).inc())
         self.monitor = WorkerMonitor(self.cfg, self.registry, self.session, self.metrics,

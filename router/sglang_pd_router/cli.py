@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-byte-timeout-secs", type=float, default=10.0,
                    help="after the prefill answered, decode's first byte is awaited this long "
                         "before decode is probed (a silent decode fails the try)")
+    p.add_argument("--max-migrations", type=int, default=2,
+                   help="times a streamed /generate (input_ids prompt) whose decode broke off "
+                        "mid-stream is resumed on another pair (docs/router.md)")
+    p.add_argument("--disable-migration", action="store_true",
+                   help="a decode that breaks off mid-stream ends the stream with an error")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "warn", "error"))
     return p
@@ -167,6 +172,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         client_idle_timeout_s=args.client_idle_timeout_secs,
         body_timeout_s=args.body_timeout_secs, max_connections=args.max_connections,
         kv_deadline_s=args.kv_deadline_secs, first_byte_timeout_s=args.first_byte_timeout_secs,
+        max_migrations=0 if args.disable_migration else args.max_migrations,
         tokenizer_path=args.tokenizer_path,
         short_prefill_threshold=args.short_prefill_threshold,
         pool_controller=args.pool_controller == "on", controller=controller,

@@ -61,6 +61,9 @@ class RouterConfig:
     # it did, a streamed decode's first byte must come within first_byte_timeout_s
     kv_deadline_s: float = 30.0
     first_byte_timeout_s: float = 10.0
+    # a streamed /generate (input_ids) whose decode breaks off resumes on a new pair this
+    # many times at most (0: off; the stream then ends with an error event)
+    max_migrations: int = 2
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -75,7 +78,7 @@ class RouterConfig:
                      "health_failure_threshold", "health_success_threshold"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_size", "max_retries"):
+        for name in ("queue_size", "max_retries", "max_migrations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.retry_initial_backoff_ms <= self.retry_max_backoff_ms:

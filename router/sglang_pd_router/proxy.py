@@ -13,6 +13,7 @@ them, or as an SSE error event when decode's connection breaks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -24,6 +25,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
 from .workers import Worker, WorkerRegistry
 
@@ -90,7 +92,7 @@ class Dispatcher:
                  worker_headers: dict[str, str], max_retries: int, backoff_initial_s: float,
                  backoff_max_s: float, request_timeout_s: float,
                  kv_deadline_s: float = 30.0, first_byte_timeout_s: float = 10.0,
-                 probe_timeout_s: float = 2.0,
+                 probe_timeout_s: float = 2.0, max_migrations: int = 0,
                  on_routed: Callable[[str, Worker, Worker], None] | None = None,
                  on_retry: Callable[[str], None] | None = None) -> None:
         self.registry = registry
@@ -105,6 +107,7 @@ class Dispatcher:
         self.kv_deadline_s = kv_deadline_s
         self.first_byte_timeout_s = first_byte_timeout_s
         self.probe_timeout_s = probe_timeout_s
+        self.max_migrations = max_migrations  # per request; 0: a broken stream ends in error
         self.on_routed = on_routed
         self.on_retry = on_retry
         self._background: set[asyncio.Task] = set()  # prefill legs that outlive the answer
@@ -151,8 +154,21 @@ class Dispatcher:
         for name in _FORWARDED_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
+        resume = Resume.for_request(path, body, stream, self.max_migrations)
+        result = await self._dispatch(request, path, data, body, headers, route_req, stream,
+                                      t_arrival, on_first_send, resume)
+        assert not isinstance(result, _Handoff)
+        return result
+
+    async def _dispatch(self, request: web.Request, path: str, data: bytes,
+                        body: dict[str, Any], headers: dict[str, str], route_req: RouteRequest,
+                        stream: bool, t_arrival: float, on_first_send: Callable[[float], None],
+                        resume: Resume | None, handoff: bool = False,
+                        avoid: set[str] | None = None) -> "web.StreamResponse | _Handoff":
+        """Tries pairs until one answers (or hands its open decode stream over, for a
+        migration), with backoff and retries."""
         cls = route_req.request_class
-        avoid: set[str] = set()
+        avoid = set() if avoid is None else avoid
         last_error = RouteError(503, "no attempt made")
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -178,8 +194,8 @@ class Dispatcher:
                 self.on_routed(cls, prefill, decode)
             sent_after = time.monotonic() - t_arrival
             result = await self._try_pair(request, path, payload, headers, route_req, stream,
-                                          prefill, decode, body)
-            if isinstance(result, web.StreamResponse):
+                                          prefill, decode, body, resume, handoff)
+            if isinstance(result, (web.StreamResponse, _Handoff)):
                 on_first_send(sent_after)  # the router's share of the answered try
                 return result
             last_error = result
@@ -200,8 +216,9 @@ class Dispatcher:
 
     async def _try_pair(self, request: web.Request, path: str, data: bytes,
                         headers: dict[str, str], route_req: RouteRequest, stream: bool,
-                        prefill: Worker, decode: Worker, body: dict[str, Any]
-                        ) -> "web.StreamResponse | _AttemptError":
+                        prefill: Worker, decode: Worker, body: dict[str, Any],
+                        resume: Resume | None = None, handoff: bool = False
+                        ) -> "web.StreamResponse | _AttemptError | _Handoff":
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
         p_task = asyncio.ensure_future(self._prefill_leg(prefill, path, data, headers, tokens))
         decode.in_flight += 1
@@ -233,8 +250,16 @@ class Dispatcher:
                                      failed_decode=True,
                                      response=self._passthrough(head))
             decode.breaker.on_success()
+            if handoff and stream and status == 200:
+                answered = True  # the caller reads and closes decode's stream
+                handed = head
+                head = None
+                return _Handoff(handed, decode)
             if not stream or status != 200:
                 answer = await self._answer_whole(head, p_task, body)
+            elif resume is not None:
+                answer = await self._answer_migrating(request, head, decode, resume, path,
+                                                      headers, route_req)
             else:
                 answer = await self._answer_stream(request, head)
             answered = True
@@ -359,6 +384,38 @@ class Dispatcher:
         return web.Response(body=out, status=head.resp.status,
                             content_type=head.resp.content_type or "application/json")
 
+    async def _answer_migrating(self, request: web.Request, head: DecodeHead, decode: Worker,
+                                resume: Resume, path: str, headers: dict[str, str],
+                                route_req: RouteRequest) -> web.StreamResponse:
+        out = await self._open_stream(request, head)
+
+        async def reopen(body: dict[str, Any], dead: Worker
+                         ) -> tuple[aiohttp.ClientResponse, bytes, Worker] | None:
+            ids = body["input_ids"]
+            result = await self._dispatch(
+                request, path, orjson.dumps(body), body, headers,
+                dataclasses.replace(route_req, prompt_len=len(ids)), True, time.monotonic(),
+                lambda _s: None, None, handoff=True, avoid={dead.url})
+            if isinstance(result, _Handoff):
+                return result.head.resp, result.head.first, result.decode
+            return None
+
+        await relay_with_migration(
+            out, head.resp, head.first, decode, resume, reopen, self._alive,
+            self.first_byte_timeout_s,
+            lambda w: w.breaker.on_failure(time.monotonic()))
+        await out.write_eof()
+        return out
+
+    async def _open_stream(self, request: web.Request, head: DecodeHead
+                           ) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={
+            "Content-Type": head.resp.headers.get("Content-Type", "text/event-stream"),
+            "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        request[STREAM_KEY] = out  # a timeout after this point ends the stream in-band
+        return out
+
     async def _answer_stream(self, request: web.Request, head: DecodeHead
                              ) -> web.StreamResponse:
         out = web.StreamResponse(status=200, headers={
@@ -377,6 +434,13 @@ class Dispatcher:
                             + b"\n\n")
         await out.write_eof()
         return out
+
+
+@dataclass
+class _Handoff:
+    """A decode stream opened to resume a migrated request: the caller owns ``head``."""
+    head: DecodeHead
+    decode: Worker
 
 
 class _AttemptError(RouteError):
