@@ -343,9 +343,16 @@ def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ..
     return prefills, decodes
 
 
+# our router's admin API (/workers) is off without an admin key: tests give this one
+ROUTER_ADMIN_KEY = "test-admin"
+ROUTER_ADMIN_HEADERS = {"Authorization": f"Bearer {ROUTER_ADMIN_KEY}"}
+
+
 def start_pd_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,
                     *extra: str, ready_timeout: float = 60.0) -> RouterHandle:
     """Our router (``python -m sglang_pd_router``) in front of the servers."""
+    if "--admin-api-key" not in extra and "--api-key" not in extra:
+        extra = ("--admin-api-key", ROUTER_ADMIN_KEY, *extra)
     return _launch_router("sglang_pd_router", prefills, decodes, log_dir, extra, "info", "/health",
                           ready_timeout)
 

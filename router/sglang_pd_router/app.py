@@ -4,7 +4,6 @@ health and metrics. ``RouterService`` owns the state; ``run_router`` serves it u
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import signal
@@ -16,19 +15,21 @@ import orjson
 from aiohttp import web
 
 from .admission import Admission, QueueFull
-from .classify import BatchNotSupported, LengthEstimator
+from .classify import BatchNotSupported, InvalidPrompt, LengthEstimator, prompt_parts
 from .config import RouterConfig
+from .guard import HOP_HEADER, THREAD_PARSE_BYTES, ClientError, Guard
+from .limits import INLINE_TOKENIZE_CHARS, MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN
 from .metrics import CONTENT_TYPE, RouterMetrics
 from .monitor import WorkerMonitor
 from .policies import RouteRequest, RoutingConfig, classify_length, create_routing_policy
 from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
-from .workers import Worker, WorkerRegistry
+from .workers import Worker, WorkerRegistry, validate_url
 
 logger = logging.getLogger(__name__)
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 DEFAULT_THRESHOLD = 512
-MAX_BODY_BYTES = 64 * 1024 * 1024  # prompts of ~100K tokens as JSON id lists fit
+_BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")  # the router's own
 
 
 class RouterService:
@@ -46,8 +47,12 @@ class RouterService:
             cfg.prefill_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
         self.decode_policy = create_routing_policy(
             cfg.decode_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
+        self.guard = Guard(cfg.api_key, cfg.admin_api_key, cfg.metrics_api_key,
+                           cfg.body_timeout_s)
         key = cfg.key_for_workers
-        self.worker_headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.worker_headers = {HOP_HEADER: self.guard.router_id}
+        if key:
+            self.worker_headers["Authorization"] = f"Bearer {key}"
         self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size,
                                    cfg.queue_timeout_s, self.metrics.queued.set)
         self.session: aiohttp.ClientSession | None = None
@@ -77,6 +82,10 @@ class RouterService:
             backoff_initial_s=self.cfg.retry_initial_backoff_ms / 1000,
             backoff_max_s=self.cfg.retry_max_backoff_ms / 1000,
             request_timeout_s=self.cfg.request_timeout_s,
+            kv_deadline_s=self.cfg.kv_deadline_s,
+            first_byte_timeout_s=self.cfg.first_byte_timeout_s,
+            probe_timeout_s=min(self.cfg.health_check_timeout_s, 2.0),
+            max_migrations=self.cfg.max_migrations,
             on_routed=lambda cls, p, d: self.metrics.routed.labels(cls, p.url, d.url).inc(),
             on_retry=lambda cls: self.metrics.retries.labels(cls).inc())
         self.monitor = WorkerMonitor(self.cfg, self.registry, self.session, self.metrics,
@@ -93,7 +102,8 @@ class RouterService:
             await self.session.close()
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES,
+                              middlewares=[self.guard.middleware])
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         for path in GENERATION_ROUTES:
@@ -128,19 +138,46 @@ class RouterService:
         if slo:
             body["slo"] = slo
 
+    async def _prompt_len(self, path: str, body: dict[str, Any]) -> int:
+        """Tokens in the prompt; texts over the servers' bound are refused uncounted, and long
+        ones are tokenized in a worker thread (the event loop serves everyone else)."""
+        try:
+            n_ids, texts = prompt_parts(path, body)
+        except BatchNotSupported as e:
+            raise ClientError(400, f"batches are not routed in PD mode ({e}); send one "
+                                   f"request per prompt") from None
+        except InvalidPrompt as e:
+            raise ClientError(400, str(e)) from None
+        chars = sum(map(len, texts))
+        context = self.registry.context_length()
+        if context and chars > context * MAX_CHARS_PER_TOKEN:
+            raise ClientError(400, f"the prompt has {chars} characters; no prompt over "
+                                   f"{context * MAX_CHARS_PER_TOKEN} characters fits the "
+                                   f"model's context of {context} tokens")
+        if chars <= INLINE_TOKENIZE_CHARS or not self.estimator.exact:
+            return n_ids + self.estimator.count_texts(texts)
+        loop = asyncio.get_running_loop()
+        return n_ids + await loop.run_in_executor(None, self.estimator.count_texts, texts)
+
+    @staticmethod
+    async def _serialise(body: dict[str, Any], big: bool) -> bytes:
+        """The body as sent to both legs (once per request; each try appends its room)."""
+        for name in _BOOTSTRAP_FIELDS:
+            body.pop(name, None)
+        try:
+            if big:
+                return await asyncio.get_running_loop().run_in_executor(None, orjson.dumps, body)
+            return orjson.dumps(body)
+        except orjson.JSONEncodeError as e:
+            raise ClientError(400, f"the body cannot be forwarded: {e}") from None
+
     async def generate(self, request: web.Request, path: str) -> web.StreamResponse:
         t_arrival = time.monotonic()
         try:
-            body = orjson.loads(await request.read())
-        except ValueError as e:
-            return self._answer(path, "", error_response(400, f"the body is not JSON: {e}"))
-        if not isinstance(body, dict):
-            return self._answer(path, "", error_response(400, "the body must be a JSON object"))
-        try:
-            prompt_len = self.estimator.prompt_len(path, body)
-        except BatchNotSupported as e:
-            return self._answer(path, "", error_response(
-                400, f"batches are not routed in PD mode ({e}); send one request per prompt"))
+            body = await self.guard.read_json(request)
+            prompt_len = await self._prompt_len(path, body)
+        except ClientError as e:
+            return self._answer(path, "", e.response())
         cls = classify_length(prompt_len, self.threshold)
         self._apply_slo_defaults(body, request, cls)
         slo = body.get("slo") if isinstance(body.get("slo"), dict) else {}
@@ -148,6 +185,10 @@ class RouterService:
         route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
             ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
         stream = body.get("stream") is True
+        try:
+            data = await self._serialise(body, (request.content_length or 0) > THREAD_PARSE_BYTES)
+        except ClientError as e:
+            return self._answer(path, cls, e.response())
         try:
             await self.admission.acquire()
         except QueueFull as e:
@@ -158,7 +199,7 @@ class RouterService:
         assert self.dispatcher is not None
         try:
             resp = await asyncio.wait_for(
-                self.dispatcher.serve(request, path, body, route_req, stream, t_arrival,
+                self.dispatcher.serve(request, path, data, body, route_req, stream, t_arrival,
                                       self.metrics.added_latency.labels(cls).observe),
                 self.cfg.request_timeout_s)
         except asyncio.TimeoutError:
@@ -219,19 +260,7 @@ class RouterService:
         resp.headers["Content-Type"] = CONTENT_TYPE
         return resp
 
-    def _authorized(self, request: web.Request) -> bool:
-        if not self.cfg.api_key:
-            return True
-        given = request.headers.get("Authorization", "").encode()
-        return hmac.compare_digest(given, f"Bearer {self.cfg.api_key}".encode())
-
-    def _unauthorized(self) -> web.Response:
-        return error_response(401, "Unauthorized: missing or wrong API key "
-                                    "(send 'Authorization: Bearer <key>')")
-
     async def list_workers(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return self._unauthorized()
         now = time.monotonic()
         body = {"workers": [w.describe(now) for w in self.registry.all()],
                 "short_prefill_threshold": self.threshold,
@@ -240,25 +269,17 @@ class RouterService:
                                    if self.monitor and self.monitor.controller else None)}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
-    async def _json(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = orjson.loads(await request.read())
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object"),
-                                     content_type="application/json")
-        return body
-
     async def add_worker(self, request: web.Request) -> web.Response:
-        """``{"url": ..., "kind": "prefill"|"decode", "bootstrap_port": N}``"""
-        if not self._authorized(request):
-            return self._unauthorized()
-        body = await self._json(request)
+        """``{"url": ..., "kind": "prefill"|"decode", "bootstrap_port": N}``: validated, then
+        probed (it must answer /health, must not be this router, and the role and bootstrap
+        port it reports must agree); only then does it get traffic."""
+        body = await self.guard.read_json(request)
         url, kind = body.get("url"), body.get("kind")
         port = body.get("bootstrap_port")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            return error_response(400, "'url' must be an http(s) URL")
+        try:
+            url = validate_url(url)
+        except ValueError as e:
+            return error_response(400, str(e))
         if kind not in ("prefill", "decode"):
             return error_response(400, "'kind' must be 'prefill' or 'decode'")
         if port is not None and (isinstance(port, bool) or not isinstance(port, int)
@@ -266,20 +287,23 @@ class RouterService:
             return error_response(400, "'bootstrap_port' must be a port number or null")
         if kind == "prefill" and "bootstrap_port" not in body:
             return error_response(400, "a prefill worker needs 'bootstrap_port' (null for none)")
+        if self.registry.find(url) is not None:
+            return error_response(409, f"worker {url} is already registered")
+        assert self.monitor is not None
+        problem = await self.monitor.probe_new(url, kind, port, self.guard.router_id)
+        if problem is not None:
+            return error_response(problem[0], problem[1])
         try:
-            worker = self.registry.add(url.rstrip("/"), kind, port)
-        except ValueError as e:
+            worker = self.registry.add(url, kind, port)
+        except ValueError as e:  # registered meanwhile
             return error_response(409, str(e))
-        if self.monitor is not None:
-            await self.monitor.discover(worker)
+        await self.monitor.discover(worker)
         return web.Response(body=orjson.dumps(worker.describe(time.monotonic())),
                             content_type="application/json")
 
     async def remove_worker(self, request: web.Request) -> web.Response:
         """``?url=...`` or ``{"url": ...}``; in-flight requests there finish."""
-        if not self._authorized(request):
-            return self._unauthorized()
-        url = request.query.get("url") or (await self._json(request)).get("url")
+        url = request.query.get("url") or (await self.guard.read_json(request)).get("url")
         if not isinstance(url, str):
             return error_response(400, "give the worker's 'url'")
         try:
@@ -290,10 +314,33 @@ class RouterService:
                             content_type="application/json")
 
 
+async def make_runner(service: RouterService) -> web.AppRunner:
+    """The service's runner, set up, with the slow-client guards: a connection that has not
+    delivered a request head within ``client_idle_timeout_s`` (aiohttp's keep-alive timer also
+    runs from the connection's start) is closed, and connections past ``max_connections`` are
+    closed as they arrive."""
+    cfg = service.cfg
+    runner = web.AppRunner(service.make_app(), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=cfg.client_idle_timeout_s)
+    await runner.setup()
+    server = runner.server
+    assert server is not None
+    accept = server.connection_made
+
+    def capped(handler: Any, transport: Any) -> None:
+        accept(handler, transport)
+        if len(server.connections) > cfg.max_connections:
+            service.metrics.rejected.labels("connections").inc()
+            handler.force_close()
+            transport.close()
+
+    server.connection_made = capped  # type: ignore[method-assign]
+    return runner
+
+
 async def serve(cfg: RouterConfig) -> None:
     service = RouterService(cfg)
-    runner = web.AppRunner(service.make_app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
+    runner = await make_runner(service)
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     await site.start()
     logger.info("sglang-pd-router listening on http://%s:%d (%d prefill, %d decode)",

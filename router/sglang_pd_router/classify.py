@@ -13,8 +13,16 @@ from typing import Any
 CHARS_PER_TOKEN = 4
 
 
-class BatchNotSupported(ValueError):
+class InvalidPrompt(ValueError):
+    """The prompt fields have the wrong shape: the client's error (400), never the router's."""
+
+
+class BatchNotSupported(InvalidPrompt):
     pass
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
 
 
 class LengthEstimator:
@@ -39,38 +47,56 @@ class LengthEstimator:
             return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
         return max(1, (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN) if text else 0
 
+    def count_texts(self, texts: list[str]) -> int:
+        return sum(self.count_text(t) for t in texts)
+
     def prompt_len(self, path: str, body: dict[str, Any]) -> int:
-        """Tokens in the request's prompt. Batches (lists of prompts) raise BatchNotSupported:
-        each prompt would need its own room and its own pool."""
-        if path == "/generate":
-            ids = body.get("input_ids")
-            if ids is not None:
-                if ids and isinstance(ids[0], list):
-                    raise BatchNotSupported("batched input_ids")
-                return len(ids) if isinstance(ids, list) else 0
-            text = body.get("text")
-            if isinstance(text, list):
-                raise BatchNotSupported("a list of texts")
-            return self.count_text(text) if isinstance(text, str) else 0
-        if path == "/v1/completions":
-            prompt = body.get("prompt")
-            if isinstance(prompt, str):
-                return self.count_text(prompt)
-            if isinstance(prompt, list) and prompt:
-                if all(isinstance(t, int) for t in prompt):
-                    return len(prompt)
-                if len(prompt) == 1 and isinstance(prompt[0], str):
-                    return self.count_text(prompt[0])
+        """Tokens in the request's prompt (texts counted inline)."""
+        ids, texts = prompt_parts(path, body)
+        return ids + self.count_texts(texts)
+
+
+def prompt_parts(path: str, body: dict[str, Any]) -> tuple[int, list[str]]:
+    """The prompt as (tokens given as ids, texts still to count); checks the fields' shapes.
+    Batches (lists of prompts) raise BatchNotSupported: each prompt would need its own room and
+    its own pool; a wrongly shaped prompt raises InvalidPrompt."""
+    if path == "/generate":
+        ids = body.get("input_ids")
+        if ids is not None:
+            if isinstance(ids, list) and ids and isinstance(ids[0], list):
+                raise BatchNotSupported("batched input_ids")
+            if not _is_ids(ids):
+                raise InvalidPrompt("'input_ids' must be a list of integer token ids")
+            return len(ids), []
+        text = body.get("text")
+        if isinstance(text, list):
+            raise BatchNotSupported("a list of texts")
+        if text is not None and not isinstance(text, str):
+            raise InvalidPrompt("'text' must be a string")
+        return 0, [text] if text else []
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return 0, [prompt]
+        if isinstance(prompt, list) and prompt:
+            if _is_ids(prompt):
+                return len(prompt), []
+            if len(prompt) == 1 and isinstance(prompt[0], str):
+                return 0, [prompt[0]]
+            if all(isinstance(p, (str, list)) for p in prompt):
                 raise BatchNotSupported("a list of prompts")
-            return 0
-        messages = body.get("messages")
-        total = 0
-        if isinstance(messages, list):
-            for m in messages:
-                content = m.get("content") if isinstance(m, dict) else None
-                if isinstance(content, str):
-                    total += self.count_text(content)
-                elif isinstance(content, list):  # content parts
-                    total += sum(self.count_text(p.get("text", "")) for p in content
-                                 if isinstance(p, dict) and isinstance(p.get("text"), str))
-        return total
+        if prompt is not None and not (isinstance(prompt, list) and not prompt):
+            raise InvalidPrompt("'prompt' must be a string or a list of integer token ids")
+        return 0, []
+    messages = body.get("messages")
+    if messages is not None and not isinstance(messages, list):
+        raise InvalidPrompt("'messages' must be a list")
+    texts: list[str] = []
+    for m in messages or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):  # content parts
+            texts.extend(p["text"] for p in content
+                         if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0, texts

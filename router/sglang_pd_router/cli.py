@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-from urllib.parse import urlparse
 
 from .config import DEFAULT_BOOTSTRAP_PORT, PrefillSpec, RouterConfig
 from .controller import ControllerConfig
 from .policies import ROUTING_POLICIES
+from .workers import validate_url
 
 
 def _url(value: str) -> str:
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise argparse.ArgumentTypeError(
-            f"worker URL must look like http://host:port, got {value!r}")
-    return value.rstrip("/")
+    try:
+        return validate_url(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="routing policy for decode workers (default power_of_two)")
     p.add_argument("--seed", type=int, default=None, help="seed of the random policies")
     p.add_argument("--api-key", default=None,
-                   help="clients must send it (Bearer) for /workers; also sent to workers")
+                   help="clients must send it (Bearer) on every route but /health; also sent "
+                        "to workers unless --worker-api-key is given")
+    p.add_argument("--admin-api-key", default=None,
+                   help="the key for /workers (default: --api-key); with neither, the admin "
+                        "API is off")
+    p.add_argument("--metrics-api-key", default=None,
+                   help="a scrape-only key for /metrics (which --api-key and --admin-api-key "
+                        "open too); with no key at all /metrics is open")
     p.add_argument("--worker-api-key", default=None,
                    help="the key sent to workers when it differs from --api-key")
     p.add_argument("--tokenizer-path", default=None,
@@ -93,6 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-success-threshold", type=int, default=1)
     p.add_argument("--load-poll-interval-secs", type=float, default=1.0,
                    help="how often each worker's /get_load is read")
+    p.add_argument("--client-idle-timeout-secs", type=float, default=15.0,
+                   help="a connection must send a request head within this (and is closed "
+                        "after this long idle between requests)")
+    p.add_argument("--body-timeout-secs", type=float, default=30.0,
+                   help="a request body must arrive within this")
+    p.add_argument("--max-connections", type=int, default=4096,
+                   help="open client connections beyond this are closed at once")
+    p.add_argument("--kv-deadline-secs", type=float, default=30.0,
+                   help="a prefill not answered by then gets both workers probed: a silent "
+                        "one fails the try (retried elsewhere)")
+    p.add_argument("--first-byte-timeout-secs", type=float, default=10.0,
+                   help="after the prefill answered, decode's first byte is awaited this long "
+                        "before decode is probed (a silent decode fails the try)")
+    p.add_argument("--max-migrations", type=int, default=2,
+                   help="times a streamed /generate (input_ids prompt) whose decode broke off "
+                        "mid-stream is resumed on another pair (docs/router.md)")
+    p.add_argument("--disable-migration", action="store_true",
+                   help="a decode that breaks off mid-stream ends the stream with an error")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "warn", "error"))
     return p
@@ -144,6 +168,11 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefill_policy=args.prefill_policy or args.policy or "length_aware",
         decode_policy=args.decode_policy or args.policy or "power_of_two",
         seed=args.seed, api_key=args.api_key, worker_api_key=args.worker_api_key,
+        admin_api_key=args.admin_api_key, metrics_api_key=args.metrics_api_key,
+        client_idle_timeout_s=args.client_idle_timeout_secs,
+        body_timeout_s=args.body_timeout_secs, max_connections=args.max_connections,
+        kv_deadline_s=args.kv_deadline_secs, first_byte_timeout_s=args.first_byte_timeout_secs,
+        max_migrations=0 if args.disable_migration else args.max_migrations,
         tokenizer_path=args.tokenizer_path,
         short_prefill_threshold=args.short_prefill_threshold,
         pool_controller=args.pool_controller == "on", controller=controller,

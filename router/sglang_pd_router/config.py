@@ -25,7 +25,9 @@ class RouterConfig:
     prefill_policy: str = "length_aware"
     decode_policy: str = "power_of_two"
     seed: int | None = None
-    api_key: str | None = None  # guards the router's /workers routes
+    api_key: str | None = None  # clients need it on every route but /health (and /workers)
+    admin_api_key: str | None = None  # /workers needs it (or api_key); neither: admin API off
+    metrics_api_key: str | None = None  # also opens /metrics (which api/admin keys open too)
     worker_api_key: str | None = None  # sent to workers as Bearer (defaults to api_key)
     tokenizer_path: str | None = None
     short_prefill_threshold: int | None = None  # None: the workers' (else 512)
@@ -50,20 +52,33 @@ class RouterConfig:
     health_success_threshold: int = 1
     load_poll_interval_s: float = 1.0
     connect_timeout_s: float = 5.0
+    # hostile clients: a connection must deliver its request head within client_idle_timeout_s
+    # (also the keep-alive idle limit), its body within body_timeout_s; at most max_connections
+    client_idle_timeout_s: float = 15.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 4096
+    # liveness of the legs: the prefill must answer (its KV sent) within kv_deadline_s; after
+    # it did, a streamed decode's first byte must come within first_byte_timeout_s
+    kv_deadline_s: float = 30.0
+    first_byte_timeout_s: float = 10.0
+    # a streamed /generate (input_ids) whose decode breaks off resumes on a new pair this
+    # many times at most (0: off; the stream then ends with an error event)
+    max_migrations: int = 2
     log_level: str = "info"
 
     def __post_init__(self) -> None:
         positive = ("request_timeout_s", "queue_timeout_s", "cb_timeout_s",
                     "health_check_interval_s", "health_check_timeout_s", "load_poll_interval_s",
-                    "connect_timeout_s", "drain_timeout_s")
+                    "connect_timeout_s", "drain_timeout_s", "client_idle_timeout_s",
+                    "body_timeout_s", "kv_deadline_s", "first_byte_timeout_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_concurrent_requests", "cb_failure_threshold",
+        for name in ("max_concurrent_requests", "cb_failure_threshold", "max_connections",
                      "health_failure_threshold", "health_success_threshold"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_size", "max_retries"):
+        for name in ("queue_size", "max_retries", "max_migrations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.retry_initial_backoff_ms <= self.retry_max_backoff_ms:

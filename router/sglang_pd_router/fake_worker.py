@@ -21,6 +21,11 @@ class FakeBehaviour:
     stream_error_code: int = 0  # decode stream: send an SSE error event with this code first
     drop_connection: bool = False  # close the socket without answering
     tokens: int = 4  # tokens answered when the body asks for none
+    # a "greedy model": each token a function of the whole sequence before it (input_ids), so a
+    # resumed request continues exactly as an uninterrupted one
+    deterministic: bool = False
+    break_after: int = 0  # decode stream: drop the connection after this many events
+    hang_after: int = 0  # decode stream: go silent (health too) after this many events
 
 
 @dataclass
@@ -34,6 +39,7 @@ class FakeWorker:
     role_requests: list[str] = field(default_factory=list)
     role_route: bool = True  # answer /set_prefill_role (else 404)
     healthy: bool = True
+    hung: bool = False  # accept connections, never answer any route (a stopped process)
     cancelled: int = 0  # requests whose client went away before the answer ended
     answered: int = 0  # answers sent in full
     url: str = ""
@@ -76,8 +82,17 @@ class FakeWorker:
                     + b"\n\n")
             else:
                 for i in range(1, n + 1):
-                    await out.write(b"data: " + orjson.dumps(_result(body, i, n, self.kind))
-                                    + b"\n\n")
+                    event = (_greedy(body, i, n) if b.deterministic
+                             else _result(body, i, n, self.kind))
+                    await out.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                    if i == b.break_after:
+                        assert request.transport is not None
+                        request.transport.abort()
+                        raise ConnectionResetError("broke off on purpose")
+                    if i == b.hang_after:
+                        self.hung = True
+                        while self.hung:
+                            await asyncio.sleep(0.05)
                     if i < n:
                         await asyncio.sleep(b.itl_s)
             await out.write(b"data: [DONE]\n\n")
@@ -96,8 +111,14 @@ class FakeWorker:
         self.load["prefill_role"] = role
         return web.json_response({"prefill_role": role})
 
+    @web.middleware
+    async def _hang(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        while self.hung:
+            await asyncio.sleep(0.05)
+        return await handler(request)
+
     async def start(self) -> str:
-        app = web.Application()
+        app = web.Application(middlewares=[self._hang], client_max_size=64 << 20)
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             app.router.add_post(path, self._generate)
 
@@ -138,3 +159,15 @@ def _result(body: dict[str, Any], i: int, n: int, kind: str) -> dict[str, Any]:
             "meta_info": {"id": str(body.get("bootstrap_room")), "completion_tokens": i,
                           "finish_reason": {"type": "length", "length": n} if i == n else None,
                           "served_by": kind, "t": time.monotonic()}}
+
+
+def _greedy(body: dict[str, Any], i: int, n: int) -> dict[str, Any]:
+    seq = list(body.get("input_ids") or [1])
+    out: list[int] = []
+    for _ in range(i):
+        out.append((sum(seq) * 31 + len(seq)) % 997)
+        seq.append(out[-1])
+    return {"text": "".join(f" t{t}" for t in out), "output_ids": out,
+            "meta_info": {"prompt_tokens": len(body.get("input_ids") or []),
+                          "completion_tokens": i,
+                          "finish_reason": {"type": "length", "length": n} if i == n else None}}

@@ -14,6 +14,7 @@ import orjson
 
 from .config import RouterConfig
 from .controller import InstanceSignals, PoolController, RoleMove
+from .guard import ID_HEADER
 from .metrics import RouterMetrics
 from .workers import Worker, WorkerRegistry
 
@@ -38,7 +39,10 @@ class WorkerMonitor:
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
+        # an unhealthy worker is probed more often: the first good probe clears its mark
+        recheck_s = min(1.0, self.cfg.health_check_interval_s)
         loops = [self._every(self.cfg.health_check_interval_s, self.check_health),
+                 self._every(recheck_s, self.recheck_unhealthy),
                  self._every(self.cfg.load_poll_interval_s, self.poll_loads)]
         if self.controller is not None:
             loops.append(self._every(self.cfg.controller.period_s, self.control_step))
@@ -76,11 +80,37 @@ class WorkerMonitor:
 
     async def discover(self, worker: Worker) -> None:
         """Role and threshold from the worker's own settings (``/get_server_info`` lists every
-        ServerArgs field), so router and servers classify alike."""
+        ServerArgs field), so router and servers classify alike; a worker whose settings
+        contradict its registration is never routed to."""
         info = await self._get_json(worker, "/get_server_info")
         if info is None:
             return
+        worker.misconfigured = mismatch(info, worker.kind, worker.bootstrap_port)
+        if worker.misconfigured:
+            logger.error("worker %s is not routed to: %s", worker.url, worker.misconfigured)
+        engine = info.get("engine_info")
+        context = info.get("context_length") or (
+            engine.get("context_length") if isinstance(engine, dict) else None)
+        if isinstance(context, int) and not isinstance(context, bool) and context > 0:
+            worker.context_length = context
         self._adopt(worker, info)
+
+    async def probe_new(self, url: str, kind: str, bootstrap_port: int | None,
+                        router_id: str) -> tuple[int, str] | None:
+        """Why a worker about to be registered must not be (status, message), or None."""
+        timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_s)
+        try:
+            async with self.session.get(url + "/health", headers=self.headers,
+                                        timeout=timeout) as resp:
+                if resp.headers.get(ID_HEADER) == router_id or resp.status == 508:
+                    return 400, f"{url} is this router itself: refusing a routing loop"
+                if resp.status != 200:
+                    return 502, f"{url} answered /health with {resp.status}; not registered"
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            return 502, f"{url} did not answer /health ({type(e).__name__}); not registered"
+        info = await self._get_json(Worker(url, kind), "/get_server_info")
+        problem = mismatch(info, kind, bootstrap_port) if info is not None else None
+        return (400, problem) if problem else None
 
     def _adopt(self, worker: Worker, info: dict[str, Any]) -> None:
         if worker.kind != "prefill":
@@ -116,7 +146,8 @@ class WorkerMonitor:
     async def _check_one(self, worker: Worker) -> None:
         timeout = aiohttp.ClientTimeout(total=self.cfg.health_check_timeout_s)
         try:
-            async with self.session.get(worker.url + "/health", timeout=timeout) as resp:
+            async with self.session.get(worker.url + "/health", headers=self.headers,
+                                        timeout=timeout) as resp:
                 ok = resp.status == 200
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             ok = False
@@ -131,7 +162,11 @@ class WorkerMonitor:
             if worker.health_ok and worker.health_fails >= self.cfg.health_failure_threshold:
                 logger.warning("worker %s failed %d health checks: not routed to", worker.url,
                                worker.health_fails)
-                worker.health_ok = False
+                worker.mark_unhealthy(time.monotonic())
+
+    async def recheck_unhealthy(self) -> None:
+        await asyncio.gather(*(self._check_one(w) for w in self.registry.all()
+                               if not w.health_ok))
 
     async def poll_loads(self) -> None:
         async def one(worker: Worker) -> None:
@@ -219,3 +254,18 @@ class WorkerMonitor:
             return "router_only"
         logger.warning("set_prefill_role on %s answered %d: %s", worker.url, status, text[:300])
         return "failed"
+
+
+def mismatch(info: dict[str, Any], kind: str, bootstrap_port: int | None) -> str | None:
+    """What in a worker's ``/get_server_info`` contradicts registering it as ``kind`` with
+    ``bootstrap_port`` (fields SGLang's servers and ours share), or None."""
+    mode = info.get("disaggregation_mode")
+    if isinstance(mode, str) and mode in ("prefill", "decode") and mode != kind:
+        return f"it runs as a {mode} server, registered as {kind}"
+    if isinstance(mode, str) and mode not in ("prefill", "decode", ""):
+        return f"it is not a PD server (disaggregation_mode {mode!r}), registered as {kind}"
+    port = info.get("disaggregation_bootstrap_port")
+    if kind == "prefill" and bootstrap_port is not None and isinstance(port, int) \
+            and port != bootstrap_port:
+        return f"its bootstrap port is {port}, registered with {bootstrap_port}"
+    return None

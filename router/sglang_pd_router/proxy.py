@@ -13,6 +13,7 @@ them, or as an SSE error event when decode's connection breaks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -24,6 +25,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
 from .workers import Worker, WorkerRegistry
 
@@ -89,6 +91,8 @@ class Dispatcher:
                  decode_policy: RoutingPolicy, session: aiohttp.ClientSession, *,
                  worker_headers: dict[str, str], max_retries: int, backoff_initial_s: float,
                  backoff_max_s: float, request_timeout_s: float,
+                 kv_deadline_s: float = 30.0, first_byte_timeout_s: float = 10.0,
+                 probe_timeout_s: float = 2.0, max_migrations: int = 0,
                  on_routed: Callable[[str, Worker, Worker], None] | None = None,
                  on_retry: Callable[[str], None] | None = None) -> None:
         self.registry = registry
@@ -100,6 +104,10 @@ class Dispatcher:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.request_timeout_s = request_timeout_s
+        self.kv_deadline_s = kv_deadline_s
+        self.first_byte_timeout_s = first_byte_timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self.max_migrations = max_migrations  # per request; 0: a broken stream ends in error
         self.on_routed = on_routed
         self.on_retry = on_retry
         self._background: set[asyncio.Task] = set()  # prefill legs that outlive the answer
@@ -139,15 +147,28 @@ class Dispatcher:
             raise
 
     # ------------------------------------------------------------------ one request
-    async def serve(self, request: web.Request, path: str, body: dict[str, Any],
+    async def serve(self, request: web.Request, path: str, data: bytes, body: dict[str, Any],
                     route_req: RouteRequest, stream: bool, t_arrival: float,
                     on_first_send: Callable[[float], None]) -> web.StreamResponse:
         headers = {"Content-Type": "application/json", **self.worker_headers}
         for name in _FORWARDED_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
+        resume = Resume.for_request(path, body, stream, self.max_migrations)
+        result = await self._dispatch(request, path, data, body, headers, route_req, stream,
+                                      t_arrival, on_first_send, resume)
+        assert not isinstance(result, _Handoff)
+        return result
+
+    async def _dispatch(self, request: web.Request, path: str, data: bytes,
+                        body: dict[str, Any], headers: dict[str, str], route_req: RouteRequest,
+                        stream: bool, t_arrival: float, on_first_send: Callable[[float], None],
+                        resume: Resume | None, handoff: bool = False,
+                        avoid: set[str] | None = None) -> "web.StreamResponse | _Handoff":
+        """Tries pairs until one answers (or hands its open decode stream over, for a
+        migration), with backoff and retries."""
         cls = route_req.request_class
-        avoid: set[str] = set()
+        avoid = set() if avoid is None else avoid
         last_error = RouteError(503, "no attempt made")
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -164,16 +185,17 @@ class Dispatcher:
             now = time.monotonic()
             prefill.breaker.on_pick(now)  # only once both are picked: a half-open trial
             decode.breaker.on_pick(now)
-            payload = {**body, "bootstrap_host": prefill.bootstrap_host,
-                       "bootstrap_port": prefill.bootstrap_port,
-                       "bootstrap_room": _ROOMS.getrandbits(63)}
-            data = orjson.dumps(payload)
+            # ``data`` is the body serialised once (``{...}``): each try appends its fields
+            fields = orjson.dumps({"bootstrap_host": prefill.bootstrap_host,
+                                   "bootstrap_port": prefill.bootstrap_port,
+                                   "bootstrap_room": _ROOMS.getrandbits(63)})
+            payload = data[:-1] + (b"," if len(data) > 2 else b"") + fields[1:]
             if self.on_routed is not None:
                 self.on_routed(cls, prefill, decode)
             sent_after = time.monotonic() - t_arrival
-            result = await self._try_pair(request, path, data, headers, route_req, stream,
-                                          prefill, decode, body)
-            if isinstance(result, web.StreamResponse):
+            result = await self._try_pair(request, path, payload, headers, route_req, stream,
+                                          prefill, decode, body, resume, handoff)
+            if isinstance(result, (web.StreamResponse, _Handoff)):
                 on_first_send(sent_after)  # the router's share of the answered try
                 return result
             last_error = result
@@ -186,27 +208,31 @@ class Dispatcher:
                            decode.url, result.message)
         if isinstance(last_error, _AttemptError) and last_error.response is not None:
             return last_error.response
+        if isinstance(last_error, _AttemptError):  # the details (URLs, errors) are in the log
+            which = "prefill" if last_error.failed_prefill else "decode"
+            return error_response(last_error.status, f"the {which} worker failed "
+                                  f"({last_error.status}) on every try")
         return error_response(last_error.status, last_error.message)
 
     async def _try_pair(self, request: web.Request, path: str, data: bytes,
                         headers: dict[str, str], route_req: RouteRequest, stream: bool,
-                        prefill: Worker, decode: Worker, body: dict[str, Any]
-                        ) -> "web.StreamResponse | _AttemptError":
+                        prefill: Worker, decode: Worker, body: dict[str, Any],
+                        resume: Resume | None = None, handoff: bool = False
+                        ) -> "web.StreamResponse | _AttemptError | _Handoff":
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
         p_task = asyncio.ensure_future(self._prefill_leg(prefill, path, data, headers, tokens))
         decode.in_flight += 1
         d_task = asyncio.ensure_future(self._decode_head(decode, path, data, headers, stream))
         head: DecodeHead | None = None
         answered = False
+        down: asyncio.Future = asyncio.get_running_loop().create_future()
+        prefill.watchers.add(down)  # resolved if either worker turns unhealthy meanwhile
+        decode.watchers.add(down)
         try:
-            pending = {p_task, d_task}
-            while d_task in pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if p_task in done:
-                    err = self._prefill_failure(p_task, prefill)
-                    if err is not None:
-                        return err
-                    prefill.breaker.on_success()
+            failed = await self._await_decode_head(p_task, d_task, down, prefill, decode,
+                                                   stream)
+            if failed is not None:
+                return failed
             try:
                 head = d_task.result()
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
@@ -224,13 +250,23 @@ class Dispatcher:
                                      failed_decode=True,
                                      response=self._passthrough(head))
             decode.breaker.on_success()
+            if handoff and stream and status == 200:
+                answered = True  # the caller reads and closes decode's stream
+                handed = head
+                head = None
+                return _Handoff(handed, decode)
             if not stream or status != 200:
                 answer = await self._answer_whole(head, p_task, body)
+            elif resume is not None:
+                answer = await self._answer_migrating(request, head, decode, resume, path,
+                                                      headers, route_req)
             else:
                 answer = await self._answer_stream(request, head)
             answered = True
             return answer
         finally:
+            prefill.watchers.discard(down)
+            decode.watchers.discard(down)
             decode.in_flight -= 1
             if head is not None:
                 # a fully read body lets the connection go back to the pool; anything else
@@ -247,14 +283,79 @@ class Dispatcher:
             else:
                 p_task.cancel()
 
+    async def _await_decode_head(self, p_task: asyncio.Future, d_task: asyncio.Future,
+                                 down: asyncio.Future, prefill: Worker, decode: Worker,
+                                 stream: bool) -> "_AttemptError | None":
+        """Wait for decode's first byte with the legs' liveness checks: the prefill's answer
+        (its KV sent) by ``kv_deadline_s``, then a streamed decode's first byte by
+        ``first_byte_timeout_s``. At a deadline the workers are probed: a silent one fails
+        the try; if both answer, the request is slow, not stuck, and waits on. A worker turning
+        unhealthy fails the try at once. Failures are charged to the worker that caused them:
+        a prefill error while decode is silent is decode's (it never fetched its KV)."""
+        loop = asyncio.get_running_loop()
+        pending = {p_task, d_task, down}
+        prefill_done = False
+        wake_at = loop.time() + self.kv_deadline_s
+        while d_task in pending:
+            done, pending = await asyncio.wait(pending, timeout=max(wake_at - loop.time(), 0),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if down in done:
+                sick: Worker = down.result()
+                return _AttemptError(503, f"{sick.kind} {sick.url} turned unhealthy",
+                                     failed_prefill=sick is prefill,
+                                     failed_decode=sick is decode)
+            if p_task in done:
+                err = self._prefill_failure(p_task, prefill)
+                if err is not None:
+                    if err.failed_prefill and d_task not in done \
+                            and not await self._alive(decode):
+                        return self._decode_silent(decode, "the prefill's KV transfer failed")
+                    if err.failed_prefill:
+                        prefill.breaker.on_failure(time.monotonic())
+                    return err
+                prefill.breaker.on_success()
+                prefill_done = True
+                wake_at = loop.time() + self.first_byte_timeout_s
+            if done or d_task not in pending:
+                continue
+            # a deadline passed with nothing new
+            if not await self._alive(decode):
+                return self._decode_silent(decode, "no first byte")
+            if not prefill_done and not await self._alive(prefill):
+                prefill.breaker.on_failure(time.monotonic())
+                return _AttemptError(504, f"prefill {prefill.url} did not answer within "
+                                     f"{self.kv_deadline_s:g}s nor its health probe",
+                                     failed_prefill=True)
+            if prefill_done and stream:
+                decode.breaker.on_failure(time.monotonic())
+                return _AttemptError(504, f"decode {decode.url} sent no first byte within "
+                                     f"{self.first_byte_timeout_s:g}s of the prefill's answer",
+                                     failed_decode=True)
+            wake_at = loop.time() + (self.first_byte_timeout_s if prefill_done
+                                     else self.kv_deadline_s)
+        return None
+
+    def _decode_silent(self, decode: Worker, what: str) -> "_AttemptError":
+        decode.breaker.on_failure(time.monotonic())
+        return _AttemptError(504, f"decode {decode.url} is not answering ({what}; its health "
+                             f"probe failed)", failed_decode=True)
+
+    async def _alive(self, worker: Worker) -> bool:
+        """One quick /health probe (an attribution, not the monitor's verdict)."""
+        try:
+            async with self.session.get(worker.url + "/health", headers=self.worker_headers,
+                                        timeout=aiohttp.ClientTimeout(
+                                            total=self.probe_timeout_s)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return False
+
     def _prefill_failure(self, p_task: asyncio.Future, prefill: Worker) -> "_AttemptError | None":
         try:
             result: LegResult = p_task.result()
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            prefill.breaker.on_failure(time.monotonic())
             return _AttemptError(502, f"prefill {prefill.url} failed: {e!r}", failed_prefill=True)
-        if result.status in _RETRY_STATUSES:
-            prefill.breaker.on_failure(time.monotonic())
+        if result.status in _RETRY_STATUSES:  # the caller charges the right worker
             return _AttemptError(result.status, f"prefill {prefill.url} answered "
                                  f"{result.status}: {result.body[:500].decode(errors='replace')}",
                                  failed_prefill=True)
@@ -283,6 +384,38 @@ class Dispatcher:
         return web.Response(body=out, status=head.resp.status,
                             content_type=head.resp.content_type or "application/json")
 
+    async def _answer_migrating(self, request: web.Request, head: DecodeHead, decode: Worker,
+                                resume: Resume, path: str, headers: dict[str, str],
+                                route_req: RouteRequest) -> web.StreamResponse:
+        out = await self._open_stream(request, head)
+
+        async def reopen(body: dict[str, Any], dead: Worker
+                         ) -> tuple[aiohttp.ClientResponse, bytes, Worker] | None:
+            ids = body["input_ids"]
+            result = await self._dispatch(
+                request, path, orjson.dumps(body), body, headers,
+                dataclasses.replace(route_req, prompt_len=len(ids)), True, time.monotonic(),
+                lambda _s: None, None, handoff=True, avoid={dead.url})
+            if isinstance(result, _Handoff):
+                return result.head.resp, result.head.first, result.decode
+            return None
+
+        await relay_with_migration(
+            out, head.resp, head.first, decode, resume, reopen, self._alive,
+            self.first_byte_timeout_s,
+            lambda w: w.breaker.on_failure(time.monotonic()))
+        await out.write_eof()
+        return out
+
+    async def _open_stream(self, request: web.Request, head: DecodeHead
+                           ) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={
+            "Content-Type": head.resp.headers.get("Content-Type", "text/event-stream"),
+            "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        request[STREAM_KEY] = out  # a timeout after this point ends the stream in-band
+        return out
+
     async def _answer_stream(self, request: web.Request, head: DecodeHead
                              ) -> web.StreamResponse:
         out = web.StreamResponse(status=200, headers={
@@ -301,6 +434,13 @@ class Dispatcher:
                             + b"\n\n")
         await out.write_eof()
         return out
+
+
+@dataclass
+class _Handoff:
+    """A decode stream opened to resume a migrated request: the caller owns ``head``."""
+    head: DecodeHead
+    decode: Worker
 
 
 class _AttemptError(RouteError):

@@ -4,6 +4,7 @@ policies' ``WorkerView`` snapshots."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,33 @@ class CircuitBreaker:
         if self.failures >= self.threshold:
             self.opened_at = now
 
+    def trip(self, now: float) -> None:
+        """Open at once (the worker failed its health checks); a good probe closes it."""
+        self.failures = max(self.failures, self.threshold)
+        self.opened_at = now
+        self.trial_in_flight = False
+
+
+def validate_url(url: object) -> str:
+    """A worker URL as the router stores it: http(s), a host, a port in 1..65535 if given, no
+    path, query or whitespace. Raises ValueError saying what is wrong."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("'url' must be an http(s) URL such as http://10.0.0.1:30000")
+    if any(c.isspace() for c in url) or any(ord(c) < 32 for c in url):
+        raise ValueError(f"worker URL {url!r} contains whitespace or control characters")
+    try:
+        parsed = urlparse(url)
+        port = parsed.port  # raises on a non-numeric or out-of-range port
+    except ValueError as e:
+        raise ValueError(f"worker URL {url!r} is malformed: {e}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"worker URL must look like http://host:port, got {url!r}")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"worker URL {url!r}: port must be 1..65535")
+    if parsed.path.strip("/") or parsed.query or parsed.fragment or parsed.username:
+        raise ValueError(f"worker URL {url!r} must have no path, query or credentials")
+    return url.rstrip("/")
+
 
 @dataclass
 class Worker:
@@ -67,6 +95,10 @@ class Worker:
     outstanding_prefill_tokens: int = 0  # prompt tokens this router has queued there
     polled: dict[str, Any] = field(default_factory=dict)  # the last /get_load answer
     threshold: int | None = None  # the worker's --short-prefill-threshold, when it reports one
+    context_length: int | None = None  # the model's context as the worker reports it
+    misconfigured: str | None = None  # why its own settings disagree with its registration
+    # tries in flight on this worker: each future is resolved when the worker turns unhealthy
+    watchers: set[asyncio.Future] = field(default_factory=set)
 
     bootstrap_host: str = ""  # the URL's host: where decode finds this prefill's bootstrap
 
@@ -74,7 +106,16 @@ class Worker:
         self.bootstrap_host = urlparse(self.url).hostname or "127.0.0.1"
 
     def routable(self, now: float) -> bool:
-        return self.health_ok and not self.draining and self.breaker.allows(now)
+        return (self.health_ok and not self.draining and self.misconfigured is None
+                and self.breaker.allows(now))
+
+    def mark_unhealthy(self, now: float) -> None:
+        """No new requests, circuit open, and the tries in flight here are told to give up."""
+        self.health_ok = False
+        self.breaker.trip(now)
+        for fut in list(self.watchers):
+            if not fut.done():
+                fut.set_result(self)
 
     def queued_prefill_tokens(self) -> int:
         # The poll sees every router's work but is up to one poll period old; this router's own
@@ -95,6 +136,7 @@ class Worker:
                 "prefill_role": self.prefill_role if self.kind == "prefill" else None,
                 "healthy": self.health_ok, "routable": self.routable(now),
                 "circuit": self.breaker.state(now), "draining": self.draining,
+                "misconfigured": self.misconfigured,
                 "in_flight": self.in_flight,
                 "queued_prefill_tokens": self.queued_prefill_tokens()}
 
@@ -131,6 +173,11 @@ class WorkerRegistry:
                 if w.url == url:
                     return w
         return None
+
+    def context_length(self) -> int | None:
+        """The smallest context any worker reports (prompts longer than it fit nowhere)."""
+        known = [w.context_length for w in self.all() if w.context_length]
+        return min(known) if known else None
 
     def all(self) -> list[Worker]:
         return self.by_kind["prefill"] + self.by_kind["decode"]

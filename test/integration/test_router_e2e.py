@@ -9,6 +9,7 @@ import asyncio
 import httpx
 import pytest
 from pd_utils import (
+    ROUTER_ADMIN_HEADERS,
     async_client,
     read_sse_events,
     load,
@@ -56,7 +57,7 @@ def test_outputs_equal_colocated_and_short_prompts_stay_in_the_short_pool(routed
     router, (short_p, long_p), (decode,) = routed
     servers = [short_p.base_url, long_p.base_url, decode.base_url]
     total = {url: load(url)["num_total_pages"] for url in servers}
-    workers = httpx.get(router.base_url + "/workers", timeout=10).json()
+    workers = httpx.get(router.base_url + "/workers", timeout=10, headers=ROUTER_ADMIN_HEADERS).json()
     assert workers["short_prefill_threshold"] == THRESHOLD  # read from the servers
     assert workers["pools"] == {"short": 1, "long": 1, "both": 0}
     before = {u: metric_value(u, "sglang:num_requests_total") for u in servers[:2]}
@@ -100,7 +101,7 @@ def test_outputs_equal_colocated_and_short_prompts_stay_in_the_short_pool(routed
     after = {u: metric_value(u, "sglang:num_requests_total") for u in servers[:2]}
     assert after[short_p.base_url] - before[short_p.base_url] == 2 * len(SHORT_BODIES) + 4
     assert after[long_p.base_url] - before[long_p.base_url] == 2 * len(LONG_BODIES)
-    routed_metrics = httpx.get(router.base_url + "/metrics", timeout=10).text
+    routed_metrics = httpx.get(router.base_url + "/metrics", timeout=10, headers=ROUTER_ADMIN_HEADERS).text
     assert 'request_class="short"' in routed_metrics and 'request_class="long"' in routed_metrics
     for url in servers:
         wait_free_pages(url, total[url])

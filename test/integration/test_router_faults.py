@@ -12,6 +12,7 @@ from collections import Counter
 import httpx
 import pytest
 from pd_utils import (
+    ROUTER_ADMIN_HEADERS,
     FAST_FAULT_ENV,
     async_client,
     kill_server,
@@ -114,7 +115,7 @@ def _reference(router) -> list[int]:
 
 
 def _routable(router) -> dict[str, bool]:
-    workers = httpx.get(router.base_url + "/workers", timeout=10).json()["workers"]
+    workers = httpx.get(router.base_url + "/workers", timeout=10, headers=ROUTER_ADMIN_HEADERS).json()["workers"]
     return {w["url"]: w["routable"] for w in workers}
 
 

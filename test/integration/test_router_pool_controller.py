@@ -10,7 +10,8 @@ import time
 
 import httpx
 import pytest
-from pd_utils import async_client, load, start_mixed, start_pd_router, stop_all
+from pd_utils import (ROUTER_ADMIN_HEADERS, async_client, load, start_mixed, start_pd_router,
+                      stop_all)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,7 +22,7 @@ SHORT = {"input_ids": [3 + (j * 31) % 500 for j in range(12)], "sampling_params"
 
 
 def _pools(router_url: str) -> dict[str, int]:
-    return httpx.get(router_url + "/workers", timeout=10).json()["pools"]
+    return httpx.get(router_url + "/workers", timeout=10, headers=ROUTER_ADMIN_HEADERS).json()["pools"]
 
 
 async def _until_pools(client: httpx.AsyncClient, router_url: str, want: dict[str, int],
@@ -72,7 +73,7 @@ def test_long_burst_moves_a_short_instance_and_it_comes_back(tiny_model_dir, tmp
         print(f"moved to long after {burst} long requests, back after {after} short ones")
         roles = [load(p.base_url)["prefill_role"] for p in prefills]
         assert sorted(roles) == ["long", "short", "short"], roles  # the servers switched too
-        metrics = httpx.get(url + "/metrics", timeout=10).text
+        metrics = httpx.get(url + "/metrics", timeout=10, headers=ROUTER_ADMIN_HEADERS).text
         assert 'from_role="short",outcome="switched",to_role="long"' in metrics
         assert 'from_role="long",outcome="switched",to_role="short"' in metrics
     finally:

@@ -270,7 +270,7 @@ async def test_workers_admin_needs_the_key_and_changes_routing() -> None:
             async with client.get(url + "/workers", headers=auth) as r:
                 listed = [w["url"] for w in (await r.json())["workers"]]
             assert listed == [p.url, extra.url]
-            async with client.post(url + "/generate", json=GEN) as r:
+            async with client.post(url + "/generate", json=GEN, headers=auth) as r:
                 assert r.status == 200
             assert len(extra.bodies) == 1 and d.bodies == []
         finally:

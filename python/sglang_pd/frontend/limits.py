@@ -9,10 +9,9 @@ from __future__ import annotations
 from sglang_pd.protocol import (GREEDY_TEMPERATURE, GREEDY_TOP_P, MAX_STOP_STRING_CHARS,  # noqa: F401
                                 MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS)
 
-MAX_BODY_BYTES = 16 << 20  # 16 MiB of JSON: a 128K-token prompt is under 1 MiB
+# the body and text bounds are the router's too: one definition in its torch-free package
+from sglang_pd_router.limits import MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN  # noqa: F401
+
 MAX_BATCH_PROMPTS = 512  # prompts in one /generate or /v1/completions call
 MAX_TOP_LOGPROBS = 20  # OpenAI's chat limit; used for /generate and /v1/completions too
-# A byte-level BPE token covers at most a few dozen characters: longer texts cannot fit the
-# context, so they are refused before tokenization (which would otherwise run for seconds)
-MAX_CHARS_PER_TOKEN = 32
 RETRY_AFTER_S = 1
