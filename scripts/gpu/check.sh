@@ -32,7 +32,20 @@ say() { printf '[check %3ds] %s\n' $((SECONDS - T0)) "$*"; }
 SITE=""
 if [[ $DRY == 0 ]]; then
   SITE=/tmp/site
-  for d in .whl .whl-nixl; do
+  # NIXL in two halves (docs/gpu.md 3.5): each half is carried by its own call; the first
+  # leaves its half in /tmp/nixl-parts on the warm machine, the second joins and checks them
+  mkdir -p /tmp/nixl-parts
+  for d in .whl-nixl-a .whl-nixl-b; do [[ -d $d ]] && cp $d/* /tmp/nixl-parts/; done
+  if compgen -G "/tmp/nixl-parts/*.part-01" >/dev/null && compgen -G "/tmp/nixl-parts/*.part-00" >/dev/null; then
+    mkdir -p /tmp/whl-nixl && big=$(basename /tmp/nixl-parts/*.part-00 .part-00)
+    cat /tmp/nixl-parts/"$big".part-0{0,1} >/tmp/whl-nixl/"$big"
+    cp /tmp/nixl-parts/nixl-*.whl /tmp/whl-nixl/ 2>/dev/null
+    (cd /tmp/whl-nixl && sha256sum -c /tmp/nixl-parts/sha256 >/dev/null 2>&1) \
+      && say "NIXL joined from two halves: $big" || { say "NIXL halves do not match their sha256"; rm -rf /tmp/whl-nixl; }
+  elif compgen -G "/tmp/nixl-parts/*.part-0*" >/dev/null; then
+    say "NIXL: one half here (kept in /tmp/nixl-parts); carry the other in the next call"
+  fi
+  for d in .whl .whl-nixl /tmp/whl-nixl; do
     if compgen -G "$d/*.whl" >/dev/null; then
       # only what the image lacks or has older (a carried wheel never shadows a newer one)
       mapfile -t NEED < <("$PY" python/sglang_pd/tools/gpu_check/wheels.py $d/*.whl 2>>"$WORK/logs/install.log")

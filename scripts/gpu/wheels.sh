@@ -3,8 +3,9 @@
 # `carry: [".whl"]`). Pins are the shared venv's versions; every Requires-Dist the image lacks
 # is listed (fastapi needs opentelemetry-api; pydantic needs typing-extensions>=4.16) (checked with `unzip -p WHEEL '*/METADATA' | grep ^Requires-Dist`).
 #   scripts/gpu/wheels.sh            # the server's wheels, ~4 MB
-#   scripts/gpu/wheels.sh --nixl     # also nixl-cu13 into .whl-nixl/ (59 MB: does not fit in the
-#                                    # same call as the tree; carry it alone, see docs/gpu.md)
+#   scripts/gpu/wheels.sh --nixl     # also nixl + nixl-cu13 (59 MB: over what one call carries
+#                                    # with the tree), split into two halves .whl-nixl-a/ and
+#                                    # .whl-nixl-b/, one carried per call (docs/gpu.md 3.5)
 #   scripts/gpu/wheels.sh --list     # print the pinned list and exit
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +26,15 @@ fetch() {  # DEST NAME==VER...
     -d "$dest" "$@"
 }
 fetch .whl "${WHEELS[@]}"
-[[ "${1:-}" == "--nixl" ]] && fetch .whl-nixl "${NIXL[@]}"
+if [[ "${1:-}" == "--nixl" ]]; then
+  fetch .whl-nixl "${NIXL[@]}"
+  rm -rf .whl-nixl-a .whl-nixl-b && mkdir -p .whl-nixl-a .whl-nixl-b
+  big=$(ls .whl-nixl/nixl_cu13-*.whl)
+  # halves named after the wheel; check.sh joins them and checks the sha256 before installing
+  split -n 2 -d "$big" ".whl-nixl-a/$(basename "$big").part-"
+  mv ".whl-nixl-a/$(basename "$big").part-01" .whl-nixl-b/
+  (cd .whl-nixl && sha256sum "$(basename "$big")") | tee .whl-nixl-a/sha256 >.whl-nixl-b/sha256
+  cp .whl-nixl/nixl-*.whl .whl-nixl-b/
+fi
 ls -l .whl/*.whl
-du -sh .whl ${1:+.whl-nixl} 2>/dev/null || true
+du -sh .whl .whl-nixl-a .whl-nixl-b 2>/dev/null || true
