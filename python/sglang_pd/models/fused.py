@@ -8,8 +8,8 @@ under its slow interpreter). ``SGLANG_PD_FUSED_KERNELS`` overrides it:
   unset / "auto": on for CUDA tensors when triton imports;
   "0": off everywhere (A/B timing on a GPU);
   "1": on for CUDA, and on CPU too when TRITON_INTERPRET=1 (tests of the fused path on CPU).
-The variable is read at each decision, so the weight layout (decided at load time) and the
-kernels (decided per call) follow one rule.
+The predicate is asked at load time (gate/up merged or not) and once per forward (RopeStep:
+the norms, RoPE and the MLP of that step follow its answer), so both follow one rule.
 """
 
 from __future__ import annotations
@@ -34,13 +34,19 @@ def _kernels() -> ModuleType | None:
 
 
 def fused_kernels_on(device: torch.device | str) -> bool:
-    mode = os.environ.get(FUSED_ENV, "auto").strip() or "auto"
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    # called a few times per layer per eager step: the decision is cached per setting
+    return _decide(os.environ.get(FUSED_ENV, "auto"), kind, os.environ.get("TRITON_INTERPRET"))
+
+
+@functools.cache
+def _decide(setting: str, kind: str, interpret: str | None) -> bool:
+    mode = setting.strip() or "auto"
     if mode not in _MODES:
-        raise ValueError(f"{FUSED_ENV}={mode!r}; expected one of {list(_MODES)}")
+        raise ValueError(f"{FUSED_ENV}={setting!r}; expected one of {list(_MODES)}")
     if mode == "0":
         return False
-    kind = torch.device(device).type
-    if kind != "cuda" and not (mode == "1" and os.environ.get("TRITON_INTERPRET") == "1"):
+    if kind != "cuda" and not (mode == "1" and interpret == "1"):
         return False
     return _kernels() is not None
 

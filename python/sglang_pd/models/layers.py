@@ -21,20 +21,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fused.fused_kernels_on(x.device):
+    def forward(self, x: torch.Tensor, fused_path: bool = False) -> torch.Tensor:
+        """``fused_path``: the step's decision (RopeStep.fused), taken once per forward."""
+        if fused_path:
             return fused.rmsnorm(x, self.weight, self.eps)
+        return self._torch(x)
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 (bf16/fp16 inputs lose too much in the mean of squares), then
         # scale in the input dtype, the order checkpoints were trained with.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor, fused_path: bool = False
+    ) -> torch.Tensor:
         """residual += x (in place), then returns this norm of residual: one kernel when fused."""
-        if fused.fused_kernels_on(residual.device):
+        if fused_path:
             return fused.add_rmsnorm_(x, residual, self.weight, self.eps)
-        return self(residual.add_(x))
+        return self._torch(residual.add_(x))
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -108,7 +114,10 @@ class RotaryEmbedding:
 class RopeStep:
     """RoPE for one forward: the plain path gathers full-width cos/sin for the step's positions
     once (apply_rope per layer); the fused path rotates q and k in place in one kernel that reads
-    the float32 tables at ``positions`` itself."""
+    the float32 tables at ``positions`` itself.
+
+    ``fused`` is the step's one fused-or-plain decision, which the norms and the MLP follow too
+    (asked once per forward: the predicate costs microseconds, a CPU step calls ~60 norms)."""
 
     def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype) -> None:
         self.fused = fused.fused_kernels_on(positions.device)
@@ -158,11 +167,11 @@ class SwiGLUMLP(nn.Module):
     def merged(self) -> bool:
         return hasattr(self, "gate_up_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused_path: bool = False) -> torch.Tensor:
         if not self.merged:
             return self.down_proj(F.silu(self.gate_proj(x)).mul_(self.up_proj(x)))
         gate_up = self.gate_up_proj(x)
-        if fused.fused_kernels_on(gate_up.device):
+        if fused_path:
             return self.down_proj(fused.silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)  # fused kernels off after loading
         return self.down_proj(F.silu(gate).mul_(up))

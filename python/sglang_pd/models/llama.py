@@ -57,7 +57,7 @@ class LlamaAttention(nn.Module):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q, rope.fused), self.k_norm(k, rope.fused)
         q, k = rope(q, k)
         out = batch.attn_backend.forward(q, k, v, self.layer_id, batch, self.scale)
         return self.o_proj(out)
@@ -79,12 +79,13 @@ class LlamaDecoderLayer(nn.Module):
         """x: the previous layer's MLP output, not yet added to ``residual`` (None in layer 0).
         Updates residual in place (a fresh tensor owned by this forward) and returns this
         layer's MLP output."""
+        on = rope.fused  # the step's fused-or-plain decision
         if x is None:
-            h = self.input_layernorm(residual)
+            h = self.input_layernorm(residual, on)
         else:
-            h = self.input_layernorm.add_forward(x, residual)
-        h = self.post_attention_layernorm.add_forward(self.self_attn(h, rope, batch), residual)
-        return self.mlp(h)
+            h = self.input_layernorm.add_forward(x, residual, on)
+        h = self.post_attention_layernorm.add_forward(self.self_attn(h, rope, batch), residual, on)
+        return self.mlp(h, on)
 
 
 class Embedding(nn.Module):
@@ -134,11 +135,11 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, residual, rope, batch)
         if batch.num_tokens != batch.batch_size:  # else every request has exactly one new token
             h = residual if x is None else residual.add_(x)
-            h = self.model.norm(h[batch.last_token_indices.to(h.device)])  # only where sampled
+            h = self.model.norm(h[batch.last_token_indices.to(h.device)], rope.fused)
         elif x is None:  # no layers
-            h = self.model.norm(residual)
+            h = self.model.norm(residual, rope.fused)
         else:
-            h = self.model.norm.add_forward(x, residual)
+            h = self.model.norm.add_forward(x, residual, rope.fused)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, weight).float()
 
