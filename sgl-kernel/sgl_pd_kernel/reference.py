@@ -62,3 +62,39 @@ def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         out[start : start + e] = _attend(q[start : start + e], k_cache[slots], v_cache[slots], scale).to(q.dtype)
         start += e
     return out
+
+
+# --- the fused element-wise kernels of ``triton_fused.py`` -----------------------------------
+# These are the plain torch steps of ``sglang_pd.models.layers`` they replace, op for op.
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                    eps: float) -> torch.Tensor:
+    """residual += x in place; returns rmsnorm_ref(residual)."""
+    residual.add_(x)
+    return rmsnorm_ref(residual, weight, eps)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rope_qk_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated copies of q [T, Hq, D] and k [T, Hkv, D] (split halves) from float32 tables
+    [max_positions, D // 2], with the tables rounded to q's dtype first."""
+    c, s = cos[positions].to(q.dtype), sin[positions].to(q.dtype)
+    full_cos, signed_sin = torch.cat((c, c), -1)[:, None], torch.cat((-s, s), -1)[:, None]
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * full_cos + torch.cat((x2, x1), dim=-1) * signed_sin
+
+    return rot(q), rot(k)

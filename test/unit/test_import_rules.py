@@ -102,12 +102,13 @@ def test_from_package_import_module_form_is_caught(tmp_path: Path) -> None:
     assert "sglang_pd.engine" in _imports(bad)
 
 
-GPU_LIBS = ("triton", "flashinfer", "sgl_pd_kernel.triton_attention",
+GPU_LIBS = ("triton", "flashinfer", "sgl_pd_kernel.triton_attention", "sgl_pd_kernel.triton_fused",
             "sglang_pd.engine.attention.triton_backend", "sglang_pd.engine.attention.flashinfer_backend")
 # the only modules allowed to import those at import time: each is itself imported lazily
 GPU_MODULES = {"python/sglang_pd/engine/attention/triton_backend.py",
                "python/sglang_pd/engine/attention/flashinfer_backend.py",
                "sgl-kernel/sgl_pd_kernel/triton_attention.py",
+               "sgl-kernel/sgl_pd_kernel/triton_fused.py",
                "sgl-kernel/bench_attention.py"}  # a GPU script, never imported
 
 

@@ -1,4 +1,7 @@
-"""Building blocks shared by the decoder-only models: RMSNorm, RoPE, SwiGLU MLP."""
+"""Building blocks shared by the decoder-only models: RMSNorm, RoPE, SwiGLU MLP.
+
+Each has a plain torch path (CPU, and CUDA with SGLANG_PD_FUSED_KERNELS=0) and a fused Triton
+path with the same rounding, chosen by ``fused.fused_kernels_on`` (see models/fused.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_pd.models import fused
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None) -> None:
@@ -16,12 +21,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused_path: bool = False) -> torch.Tensor:
+        """``fused_path``: the step's decision (RopeStep.fused), taken once per forward."""
+        if fused_path:
+            return fused.rmsnorm(x, self.weight, self.eps)
+        return self._torch(x)
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 (bf16/fp16 inputs lose too much in the mean of squares), then
         # scale in the input dtype, the order checkpoints were trained with.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor, fused_path: bool = False
+    ) -> torch.Tensor:
+        """residual += x (in place), then returns this norm of residual: one kernel when fused."""
+        if fused_path:
+            return fused.add_rmsnorm_(x, residual, self.weight, self.eps)
+        return self._torch(residual.add_(x))
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -87,6 +106,35 @@ class RotaryEmbedding:
         return torch.cat((c, c), -1).unsqueeze(1), torch.cat((-s, s), -1).unsqueeze(1)
 
 
+    def for_step(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeStep:
+        """What rotates q and k in every layer of one forward (tables gathered once per step)."""
+        return RopeStep(self, positions, dtype)
+
+
+class RopeStep:
+    """RoPE for one forward: the plain path gathers full-width cos/sin for the step's positions
+    once (apply_rope per layer); the fused path rotates q and k in place in one kernel that reads
+    the float32 tables at ``positions`` itself.
+
+    ``fused`` is the step's one fused-or-plain decision, which the norms and the MLP follow too
+    (asked once per forward: the predicate costs microseconds, a CPU step calls ~60 norms)."""
+
+    def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype) -> None:
+        self.fused = fused.fused_kernels_on(positions.device)
+        self.positions = positions
+        if self.fused:
+            self.cos, self.sin = rotary._table(positions.device)
+        else:
+            self.cos, self.sin = rotary.cos_sin(positions, dtype)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k [T, Hkv, D] -> rotated (in place on the fused path)."""
+        if self.fused:
+            fused.rope_qk_(q, k, self.positions, self.cos, self.sin)
+            return q, k
+        return apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [T, heads, head_dim]: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
 
@@ -99,14 +147,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 class SwiGLUMLP(nn.Module):
     """down(silu(gate(x)) * up(x)).
 
-    gate and up stay two matmuls: on CPU (MKL, 2 cores) one fused [hidden, 2 * intermediate]
-    matmul measured 3-10% slower than the pair, plus a strided activation afterwards."""
+    ``merged`` (chosen by the loader: the fused path, i.e. CUDA) holds gate and up as one
+    [2 * intermediate, hidden] gate_up_proj, one matmul whose output the SiLU-and-mul kernel
+    reads. Unmerged (CPU) they stay two matmuls: on CPU (MKL, 2 cores) one fused matmul measured
+    3-10% slower than the pair, plus a strided activation afterwards."""
 
-    def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype | None = None,
+                 merged: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
+        self.intermediate = intermediate
+        if merged:
+            self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False, dtype=dtype)
+        else:
+            self.gate_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
+            self.up_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)).mul_(self.up_proj(x)))
+    @property
+    def merged(self) -> bool:
+        return hasattr(self, "gate_up_proj")
+
+    def forward(self, x: torch.Tensor, fused_path: bool = False) -> torch.Tensor:
+        if not self.merged:
+            return self.down_proj(F.silu(self.gate_proj(x)).mul_(self.up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if fused_path:
+            return self.down_proj(fused.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)  # fused kernels off after loading
+        return self.down_proj(F.silu(gate).mul_(up))

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from sglang_pd.models.config import ModelConfig
+from sglang_pd.models.fused import fused_kernels_on
 from sglang_pd.models.registry import get_model_class
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
@@ -56,8 +57,10 @@ def load_model(
     cls = get_model_class(cfg.architecture)
     # Build on the meta device, then allocate uninitialised storage: no time spent on
     # default random init that the checkpoint overwrites anyway.
+    # gate/up merged into one matmul only where the SiLU-and-mul kernel reads it (CUDA by
+    # default; see models/fused.py): on CPU two matmuls are faster.
     with torch.device("meta"):
-        model = cls(cfg, torch_dtype)
+        model = cls(cfg, torch_dtype, merge_gate_up=fused_kernels_on(device))
     model = model.to_empty(device=device)
     if load_format == "dummy":
         init_dummy_weights(model)
@@ -68,31 +71,48 @@ def load_model(
     return model, cfg
 
 
+def _dummy_units(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(checkpoint name, the rows it fills) in the checkpoint's terms where the model maps them,
+    so dummy values do not depend on how parameters are fused (gate/up merged or not)."""
+    params = dict(model.named_parameters())
+    if not hasattr(model, "hf_weight_map"):
+        return list(params.items())
+    return [
+        (name, params[t.param][t.row_start : t.row_start + t.rows])
+        for name, t in model.hf_weight_map().items()
+    ]
+
+
 def init_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
     """Norm weights 1, everything else uniform with std DUMMY_STD, from a fixed seed.
 
-    Only one block of DUMMY_BLOCK random values is drawn and tiled over every tensor: drawing
+    Only one block of DUMMY_BLOCK random values is drawn and tiled over every checkpoint tensor
+    in turn, continuing where the previous one stopped (so no two tensors are equal): drawing
     135M values takes seconds on CPU, copying a block is memory-bound. The block length is
     prime, so consecutive rows of a matrix see shifted, not repeated, values.
     """
-    params = list(model.named_parameters())
-    if not params:
+    units = _dummy_units(model)
+    if not units:
         return
-    device, dtype = params[0][1].device, params[0][1].dtype
+    device, dtype = units[0][1].device, units[0][1].dtype
     gen = torch.Generator(device="cpu").manual_seed(seed)
     bound = DUMMY_STD * 3**0.5
     block = (torch.rand(DUMMY_BLOCK, generator=gen) * (2 * bound) - bound).to(
         device=device, dtype=dtype
     )
+    offset = 0
     with torch.no_grad():
-        for name, param in params:
+        for name, rows in units:
             if name.endswith("norm.weight"):
-                param.fill_(1.0)
+                rows.fill_(1.0)
                 continue
-            flat = param.view(-1)
-            for start in range(0, flat.numel(), DUMMY_BLOCK):
-                n = min(DUMMY_BLOCK, flat.numel() - start)
-                flat[start : start + n].copy_(block[:n])
+            flat = rows.view(-1)  # whole rows of a contiguous parameter: a view
+            done = 0
+            while done < flat.numel():
+                n = min(DUMMY_BLOCK - offset, flat.numel() - done)
+                flat[done : done + n].copy_(block[offset : offset + n])
+                done += n
+                offset = (offset + n) % DUMMY_BLOCK
 
 
 def checkpoint_files(path: Path) -> list[Path]:
