@@ -18,6 +18,7 @@ import torch
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.forward_timer import ForwardTimer
+from sglang_pd.engine.warmup import warm_up
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
@@ -84,6 +85,9 @@ class EngineCore:
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
                                   max_positions=cfg.max_position_embeddings,
                                   graph_reserved_bytes=graph_reserve)
+        if args.device.startswith("cuda"):  # compile every kernel variant now, not in a request
+            warm_up(self.runner, min(self.context_length, cfg.max_position_embeddings,
+                                     self.max_total_num_tokens))
         self.page_size = args.page_size
         self.policy_config = cfg_p = replace(args.policy_config(),
                                              decode_attention_padded=attention.decode_pads_to_longest)
