@@ -70,7 +70,8 @@ class EngineCore:
         # the backend first: graphs (and the memory kept for them) only with one that supports them
         attention = create_attention_backend(args.attention_backend, args.device,
                                              cuda_graph=not args.disable_cuda_graph)
-        graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs, attention)
+        graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs,
+                                attention)
         graph_reserve = graph_reserve_bytes(graph_bs, cfg, dtype) if graph_bs else 0
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
@@ -229,7 +230,8 @@ class EngineCore:
         self._track_progress(now, made_progress=step is not None or bool(self.outbox))
         outputs, self.outbox = self.outbox, []
         if profile is not None:
-            profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_timer.seconds()
+            profile.total_s = time.perf_counter() - t0
+            profile.forward_s = self._forward_timer.seconds()
             self.step_profiles.append(profile)
             self._steps_recorded += 1
             self.loads.step(self.clock(), profile.total_s)

@@ -86,9 +86,11 @@ def _block_eos(logits: torch.Tensor, reqs: Sequence[Req], eos_ids: list[int]) ->
     for i, r in enumerate(reqs):
         if r.params.min_new_tokens and len(r.output_ids) < r.params.min_new_tokens:
             banned = set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(eos_ids))
-            banned_ids = sorted(t for t in banned if 0 <= t < vocab)  # an id past the logits is no token
+            # an id past the logits is no token
+            banned_ids = sorted(t for t in banned if 0 <= t < vocab)
             if banned_ids:
-                logits[i, torch.tensor(banned_ids, dtype=torch.long, device=logits.device)] = float("-inf")
+                index = torch.tensor(banned_ids, dtype=torch.long, device=logits.device)
+                logits[i, index] = float("-inf")
 
 
 def _noise(reqs: Sequence[Req], shape: tuple[int, int], device: torch.device) -> torch.Tensor:
