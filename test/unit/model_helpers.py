@@ -66,14 +66,15 @@ class PagedRequests:
         table = torch.zeros(len(rids), max(seq_lens), dtype=torch.int64)
         for b, r in enumerate(rids):
             table[b, : seq_lens[b]] = torch.tensor(self.slots_of(r))
+        device = self.pool.kv_buffer.device  # lengths stay on the host, as the runner keeps them
         return ForwardBatch(
             mode=mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
-            out_cache_loc=torch.tensor(loc, dtype=torch.int64),
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(pos, dtype=torch.int64, device=device),
+            out_cache_loc=torch.tensor(loc, dtype=torch.int64, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
             extend_lens=torch.tensor([len(new_tokens[r]) for r in rids], dtype=torch.int64),
-            token_slots=table,
+            token_slots=table.to(device),
             kv_pool=self.pool,
             attn_backend=self.backend,
         )
@@ -86,8 +87,9 @@ def make_pool(
     num_pages: int = 256,
     page_size: int = 4,
     dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
 ) -> KVPool:
-    return KVPool(num_layers, num_pages, page_size, kv_heads, head_dim, dtype)
+    return KVPool(num_layers, num_pages, page_size, kv_heads, head_dim, dtype, device)
 
 
 TINY_ARCHS: tuple[str, ...] = ("llama", "qwen2", "qwen3")

@@ -34,6 +34,9 @@ except ImportError:
     HAS_TRITON = False
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed (the gpu extra)")
 HQ, HKV, D, LAYERS = 8, 2, 16, 2
+# Kernel tests run where the kernels do: on the GPU when there is one (the interpreter only
+# without CUDA, above), so that this file passes on a GPU host too.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ---- registry ------------------------------------------------------------------------------
@@ -131,8 +134,8 @@ def test_importing_the_registry_loads_no_gpu_library() -> None:
 def _pair(seed: int) -> tuple[PagedRequests, PagedRequests]:
     """The same requests on the same pages, one pool per backend."""
     tri = attn.create_attention_backend("triton")
-    return (PagedRequests(make_pool(LAYERS, HKV, D, 64, 4), TorchAttnBackend(), seed=seed),
-            PagedRequests(make_pool(LAYERS, HKV, D, 64, 4), tri, seed=seed))
+    return (PagedRequests(make_pool(LAYERS, HKV, D, 64, 4, device=DEVICE), TorchAttnBackend(), seed=seed),
+            PagedRequests(make_pool(LAYERS, HKV, D, 64, 4, device=DEVICE), tri, seed=seed))
 
 
 @needs_triton
@@ -146,7 +149,7 @@ def test_triton_backend_matches_torch_backend_extend_then_decode() -> None:
         batches = [r.batch(mode, {rid: [0] * n for rid, n in new.items()}) for r in (ref, tri)]
         t = batches[0].num_tokens
         for layer in range(LAYERS):
-            q, k, v = (torch.randn(t, h, D, generator=gen) for h in (HQ, HKV, HKV))
+            q, k, v = (torch.randn(t, h, D, generator=gen).to(DEVICE) for h in (HQ, HKV, HKV))
             outs = []
             for r, b in zip((ref, tri), batches):
                 if layer == 0:
@@ -167,26 +170,27 @@ def test_graph_padding_rows_touch_only_the_zero_dummy_page() -> None:
     tri.batch(ForwardMode.EXTEND, {0: [0] * 6, 1: [0] * 11, 2: [0] * 3})  # reserve prompt slots
     for layer in range(LAYERS):
         n = sum(tri.seqs[r].length for r in (0, 1, 2))
-        slots = torch.tensor(tri.slots_of(0) + tri.slots_of(1) + tri.slots_of(2))
-        tri.pool.k_cache(layer)[slots] = torch.randn(n, HKV, D, generator=gen)
-        tri.pool.v_cache(layer)[slots] = torch.randn(n, HKV, D, generator=gen)
+        slots = torch.tensor(tri.slots_of(0) + tri.slots_of(1) + tri.slots_of(2), device=DEVICE)
+        tri.pool.k_cache(layer)[slots] = torch.randn(n, HKV, D, generator=gen).to(DEVICE)
+        tri.pool.v_cache(layer)[slots] = torch.randn(n, HKV, D, generator=gen).to(DEVICE)
     eager = tri.batch(ForwardMode.DECODE, {0: [5], 1: [6], 2: [7]})
     backend.init_forward_metadata(eager)
-    q, k, v = torch.randn(3, HQ, D, generator=gen), torch.randn(3, HKV, D), torch.randn(3, HKV, D)
+    q, k, v = (torch.randn(3, h, D, generator=gen).to(DEVICE) for h in (HQ, HKV, HKV))
     want = backend.forward(q, k, v, 0, eager, D**-0.5)
 
     buckets = decode_batch_buckets(8)
     padded = pick_bucket(buckets, eager.batch_size)
     assert padded == 4
-    statics = _Statics.allocate(buckets[-1], torch.device("cpu"))
+    statics = _Statics.allocate(buckets[-1], DEVICE)
     backend.init_cuda_graph_state(buckets[-1], 64, tri.pool)
     static_batch = statics.batch(padded, tri.pool, backend)
     backend.init_forward_metadata_capture(static_batch)
     statics.fill(eager, padded)
     backend.init_forward_metadata_replay(eager, padded)
     assert statics.out_cache_loc[3] == 0 and statics.lens[0, 3] == 1
-    q_pad = torch.cat([q, torch.randn(1, HQ, D)])
-    k_pad, v_pad = torch.cat([k, torch.ones(1, HKV, D)]), torch.cat([v, torch.ones(1, HKV, D)])
+    q_pad = torch.cat([q, torch.randn(1, HQ, D, device=DEVICE)])
+    ones = torch.ones(1, HKV, D, device=DEVICE)
+    k_pad, v_pad = torch.cat([k, ones]), torch.cat([v, ones])
     got = backend.forward(q_pad, k_pad, v_pad, 0, static_batch, D**-0.5)
     torch.testing.assert_close(got[:3], want, atol=1e-5, rtol=1e-5)
     assert not got[3].any(), "a padding row reads only the zero dummy page"
@@ -195,30 +199,37 @@ def test_graph_padding_rows_touch_only_the_zero_dummy_page() -> None:
 
 @needs_triton
 def test_triton_backend_serves_the_tiny_model_like_torch(tiny_model_factory) -> None:
-    """EngineCore end to end on CPU (interpreter): greedy tokens equal the torch backend's."""
+    """EngineCore end to end (on CPU under the interpreter; on a GPU host on CUDA, graphs on):
+    greedy tokens equal the torch backend's, and a sampled request (top-p, top-k, seed) is
+    served alongside."""
     from sglang_pd.engine.engine_core import EngineCore
     from sglang_pd.protocol import GenerateReq, SamplingParams
 
     prompts = [[11, 12, 13], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [7] * 6]
     params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=5, temperature=0.8, top_p=0.9, top_k=20, seed=3,
+                             ignore_eos=True)
 
     def run(backend: str) -> list[list[int]]:
-        core = EngineCore(ServerArgs(model_path=tiny_model_factory("llama"), page_size=4,
+        core = EngineCore(ServerArgs(model_path=tiny_model_factory("llama"), page_size=4, device=str(DEVICE),
                                      max_total_tokens=2048, dtype="float32", attention_backend=backend,
                                      decode_policy="slack"))
         # the torch backend pads decode attention to the longest request, paged kernels do not:
         # the decode policy's cost model is told which (decode_cost_model.py)
         assert core.policy_config.decode_attention_padded is (backend == "torch")
         assert core.scheduler.decode_policy.model.padded is (backend == "torch")
-        got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+        got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts) + 1)}
         for i, ids in enumerate(prompts):
             core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params, stream=True))
+        core.add_request(GenerateReq(rid=str(len(prompts)), input_ids=[5, 6, 7],
+                                     sampling_params=sampled, stream=True))
         for _ in range(200):
             for out in core.step():
                 assert out.error_status == 0, out.finish_reason
                 got[out.rid].extend(out.new_token_ids)
             if all(len(t) == 5 for t in got.values()):
                 break
+        assert len(got[str(len(prompts))]) == 5  # the sampled request was served
         return [got[str(i)] for i in range(len(prompts))]
 
     want = run("torch")

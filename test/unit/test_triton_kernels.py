@@ -118,3 +118,24 @@ def test_decode_splits_fill_the_device_but_not_past_the_keys() -> None:
     assert tk.decode_splits(1, 8, 1024, num_sms=132) == 16  # 8 programs; 16 blocks of 64 keys
     assert tk.decode_splits(1, 8, 100, num_sms=132) == 2  # only 2 key blocks of 64
     assert tk.decode_splits(64, 8, 4096, num_sms=132) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama3_head_dim_gqa_4_default_blocks(dtype: torch.dtype) -> None:
+    """Production head shape (head_dim 128, 4 query heads per KV head) at the kernels' default
+    64-key blocks, on few heads and short contexts so that the interpreter stays quick."""
+    hq, hkv, d = 8, 2, 128
+    c = _Cache([1, 70, 129], hkv, d, dtype, seed=11).to(DEVICE)  # one key; 2 blocks; 3 blocks
+    q = torch.randn(3, hq, d, generator=c.gen).to(dtype).to(DEVICE)
+    got = tk.decode_attention(q, c.k, c.v, c.page_table, PAGE, c.seq_lens, d**-0.5, num_splits=2)
+    want = ref.decode_attention_ref(q, c.k, c.v, c.page_table, PAGE, c.seq_lens, d**-0.5)
+    torch.testing.assert_close(got.float(), want.float(), **_tol(dtype))
+
+    seq_lens, ext_lens = [70, 20], [6, 20]  # a chunk after a 64-token prefix; a fresh prompt
+    c = _Cache(seq_lens, hkv, d, dtype, seed=12).to(DEVICE)
+    q = torch.randn(sum(ext_lens), hq, d, generator=c.gen).to(dtype).to(DEVICE)
+    ext = torch.tensor(ext_lens, device=DEVICE)
+    got = tk.extend_attention(q, c.k, c.v, c.token_slots, 1, c.seq_lens, ext, torch.cumsum(ext, 0) - ext,
+                              max(ext_lens), d**-0.5)
+    want = ref.extend_attention_ref(q, c.k, c.v, c.token_slots, 1, c.seq_lens, ext, d**-0.5)
+    torch.testing.assert_close(got.float(), want.float(), **_tol(dtype))

@@ -18,6 +18,7 @@ import torch
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.forward_timer import ForwardTimer
+from sglang_pd.engine.warmup import warm_up
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
@@ -69,7 +70,8 @@ class EngineCore:
         # the backend first: graphs (and the memory kept for them) only with one that supports them
         attention = create_attention_backend(args.attention_backend, args.device,
                                              cuda_graph=not args.disable_cuda_graph)
-        graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs, attention)
+        graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs,
+                                attention)
         graph_reserve = graph_reserve_bytes(graph_bs, cfg, dtype) if graph_bs else 0
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
@@ -84,6 +86,9 @@ class EngineCore:
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
                                   max_positions=cfg.max_position_embeddings,
                                   graph_reserved_bytes=graph_reserve)
+        if args.device.startswith("cuda"):  # compile every kernel variant now, not in a request
+            warm_up(self.runner, min(self.context_length, cfg.max_position_embeddings,
+                                     self.max_total_num_tokens))
         self.page_size = args.page_size
         self.policy_config = cfg_p = replace(args.policy_config(),
                                              decode_attention_padded=attention.decode_pads_to_longest)
@@ -225,7 +230,8 @@ class EngineCore:
         self._track_progress(now, made_progress=step is not None or bool(self.outbox))
         outputs, self.outbox = self.outbox, []
         if profile is not None:
-            profile.total_s, profile.forward_s = time.perf_counter() - t0, self._forward_timer.seconds()
+            profile.total_s = time.perf_counter() - t0
+            profile.forward_s = self._forward_timer.seconds()
             self.step_profiles.append(profile)
             self._steps_recorded += 1
             self.loads.step(self.clock(), profile.total_s)

@@ -48,5 +48,8 @@ class ForwardBatch:
 
     @property
     def last_token_indices(self) -> torch.Tensor:
-        """Index into the T new tokens of each request's last new token ([B])."""
-        return torch.cumsum(self.extend_lens, 0) - 1
+        """Index into the T new tokens of each request's last new token ([B]). Computed on the
+        model's device from ``device_lens`` when the runner put the lengths there: moving a
+        host index over would be a blocking copy in the middle of the forward."""
+        extend_lens = self.extend_lens if self.device_lens is None else self.device_lens[1]
+        return torch.cumsum(extend_lens, 0) - 1

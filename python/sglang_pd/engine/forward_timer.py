@@ -18,7 +18,8 @@ class ForwardTimer:
     def __init__(self, device: torch.device | str) -> None:
         self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         if torch.device(device).type == "cuda":
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events = (torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True))
         self._t0 = 0.0
         self._recorded = False  # the events hold a forward not read yet
         self._last_s = 0.0

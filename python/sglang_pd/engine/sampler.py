@@ -86,9 +86,11 @@ def _block_eos(logits: torch.Tensor, reqs: Sequence[Req], eos_ids: list[int]) ->
     for i, r in enumerate(reqs):
         if r.params.min_new_tokens and len(r.output_ids) < r.params.min_new_tokens:
             banned = set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(eos_ids))
-            banned_ids = sorted(t for t in banned if 0 <= t < vocab)  # an id past the logits is no token
+            # an id past the logits is no token
+            banned_ids = sorted(t for t in banned if 0 <= t < vocab)
             if banned_ids:
-                logits[i, torch.tensor(banned_ids, dtype=torch.long, device=logits.device)] = float("-inf")
+                index = torch.tensor(banned_ids, dtype=torch.long, device=logits.device)
+                logits[i, index] = float("-inf")
 
 
 def _noise(reqs: Sequence[Req], shape: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -143,12 +145,11 @@ def _sample_random(logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]
     device = logits.device
     # top_k past the vocabulary keeps every token (and would overflow an int64 tensor)
     top_ks = [min(r.params.top_k, vocab) if r.params.top_k > 0 else 0 for r in reqs]
-    # one host-to-device copy of every row's settings: temperature, top_k (0: off), top_p, min_p;
-    # a temperature past float32's range would turn a masked (-inf) logit into NaN
-    settings = torch.tensor(
+    # one host-to-device copy of every row's settings: temperature, top_k (0: off), top_p, min_p,
+    # greedy (1.0); a temperature past float32's range would turn a masked (-inf) logit into NaN
+    settings = _to_device(
         [[1.0 if g else min(r.params.temperature, MAX_TEMPERATURE), float(k), r.params.top_p,
-          r.params.min_p] for r, g, k in zip(reqs, greedy, top_ks)],
-        dtype=torch.float32, device=device)
+          r.params.min_p, float(g)] for r, g, k in zip(reqs, greedy, top_ks)], device)
     scaled = logits / settings[:, 0:1]
     if any(k > 0 for k in top_ks) or any(r.params.top_p < 1.0 for r in reqs):
         scaled = _truncate(scaled, settings[:, 1], settings[:, 2], top_ks, reqs)
@@ -158,9 +159,17 @@ def _sample_random(logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]
         probs = probs.masked_fill(probs < floor, 0.0)
     drawn = argmax_rows(probs / _noise(reqs, (bsz, vocab), device))
     if any(greedy):
-        greedy_rows = torch.tensor(greedy, dtype=torch.bool, device=device)
-        drawn = torch.where(greedy_rows, argmax_rows(logits).to(device), drawn.to(device))
+        drawn = torch.where(settings[:, 4] > 0, argmax_rows(logits).to(device), drawn.to(device))
     return drawn
+
+
+def _to_device(rows: list[list[float]], device: torch.device) -> torch.Tensor:
+    """float32 rows on ``device``. To a GPU through pinned memory, non-blocking: the copy queues
+    behind the forward still running instead of waiting for it (a pageable copy would), so the
+    sampling kernels are queued meanwhile too."""
+    if device.type == "cuda":
+        return torch.tensor(rows, dtype=torch.float32, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(rows, dtype=torch.float32, device=device)
 
 
 def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, top_ks: list[int],

@@ -68,7 +68,8 @@ ATTENTION_BACKENDS: dict[str, Callable[[], "AttentionBackend"]] = {
 }
 
 
-def create_attention_backend(name: str, device: str = "cpu", cuda_graph: bool = True) -> AttentionBackend:
+def create_attention_backend(name: str, device: str = "cpu",
+                             cuda_graph: bool = True) -> AttentionBackend:
     """``cuda_graph``: whether the engine will capture CUDA graphs (only "auto" reads it)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(

@@ -24,7 +24,8 @@ import torch
 
 from sgl_pd_kernel import triton_attention as kernels
 from sglang_pd.engine.attention.base import AttentionBackend
-from sglang_pd.engine.attention.paged_index import PagedPlanInputs, paged_plan_inputs, use_tensor_cores
+from sglang_pd.engine.attention.paged_index import (PagedPlanInputs, paged_plan_inputs,
+                                                    use_tensor_cores)
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 128 << 20
@@ -74,9 +75,9 @@ class FlashInferAttnBackend(AttentionBackend):
         else:
             if self._prefill is None:
                 self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-            self._prefill.plan(plan.qo_indptr, plan.kv_indptr, meta.kv_indices, plan.kv_last_page_len,
-                               q.shape[1], pool.kv_heads, pool.head_dim, pool.page_size, causal=True,
-                               **common)
+            self._prefill.plan(plan.qo_indptr, plan.kv_indptr, meta.kv_indices,
+                               plan.kv_last_page_len, q.shape[1], pool.kv_heads, pool.head_dim,
+                               pool.page_size, causal=True, **common)
         meta.planned_scale = scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
