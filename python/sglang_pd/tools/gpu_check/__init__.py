@@ -11,7 +11,7 @@ the same code paths the device run takes. See docs/gpu.md section 3.
 STAGES: dict[str, tuple[str, int]] = {
     "env": ("env_stage", 25),
     "kernels": ("kernels_stage", 40),
-    "parity": ("parity_stage", 60),
+    "parity": ("parity_stage", 80),
     "decode": ("decode_stage", 50),
     "prefill": ("prefill_stage", 30),
     "short_prefill": ("short_prefill_stage", 15),
