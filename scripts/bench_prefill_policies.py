@@ -64,6 +64,11 @@ class PolicyRun:
     att_long: float | None = None
     n_short: int = 0
     n_long: int = 0
+    tpot_p50_ms: float | None = None
+    # the server's own pure decode steps (sglang:engine_step_seconds{mode="decode"} mean) and
+    # their mean batch: TPOT / this = how far prefill stretches decoding (issue 28's bar: <= 3)
+    decode_step_ms: float | None = None
+    decode_batch: float | None = None
     load_avg_1m: float = 0.0  # at the policy's start: the machine may be shared
     log_file: str = ""
     tracebacks: list[str] = field(default_factory=list)
@@ -99,6 +104,25 @@ def fill_from_record(run: PolicyRun, rec: dict) -> None:
     if long_.get("completed"):
         run.long_p50_ms, run.long_p90_ms = long_["median_ttft_ms"], long_["p90_ttft_ms"]
     run.att_short, run.att_long = short.get("ttft_attainment"), long_.get("ttft_attainment")
+    run.tpot_p50_ms = rec.get("median_tpot_ms")
+
+
+def decode_steps_from_metrics(url: str) -> tuple[float | None, float | None]:
+    """Mean pure-decode step (ms) and mean decode batch from the server's /metrics histograms."""
+    import urllib.request
+    try:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    except OSError:
+        return None, None
+    vals: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r'sglang:engine_step_(seconds|batch_size)_(sum|count)\{[^}]*mode="decode"[^}]*\} (\S+)', line)
+        if m:
+            vals[f"{m.group(1)}_{m.group(2)}"] = vals.get(f"{m.group(1)}_{m.group(2)}", 0.0) + float(m.group(3))
+    n = vals.get("seconds_count", 0.0)
+    if not n:
+        return None, None
+    return 1e3 * vals["seconds_sum"] / n, vals.get("batch_size_sum", 0.0) / max(vals.get("batch_size_count", n), 1.0)
 
 
 def run_policy(name: str, args: argparse.Namespace, model_dir: Path, log_dir: Path) -> PolicyRun:
@@ -141,6 +165,7 @@ def run_policy(name: str, args: argparse.Namespace, model_dir: Path, log_dir: Pa
                 run.problem = f"bench_serving rc={res.returncode}: {res.stderr.strip()[-300:]}"
             else:
                 fill_from_record(run, json.loads(jsonl.read_text().splitlines()[-1]))
+                run.decode_step_ms, run.decode_batch = decode_steps_from_metrics(url)
                 run.ok = run.completed == run.num_requests
                 if not run.ok:
                     run.problem = f"{run.num_requests - run.completed} failed: {run.errors}"
@@ -185,8 +210,9 @@ def comparisons(runs: list[PolicyRun]) -> dict[str, dict[str, float | None]]:
 
 def table(runs: list[PolicyRun], cmp: dict[str, dict[str, float | None]]) -> str:
     head = ("| policy | ok | done | short p50 / p90 TTFT (ms) | long p50 / p90 TTFT (ms) "
-            "| att all / short / long (%) | short p90 fcfs/x | long att delta (pts) | load 1m |")
-    rows = [head, "|" + "---|" * 9]
+            "| att all / short / long (%) | short p90 fcfs/x | long att delta (pts) "
+            "| p50 TPOT (ms) | decode step (ms) @ batch | TPOT / step | load 1m |")
+    rows = [head, "|" + "---|" * 12]
     for r in runs:
         c = cmp[r.policy]
         sp = "-" if c["short_p90_speedup"] is None else f"{c['short_p90_speedup']:.2f}x"
@@ -195,7 +221,10 @@ def table(runs: list[PolicyRun], cmp: dict[str, dict[str, float | None]]) -> str
             f"| {r.policy} | {'yes' if r.ok else 'NO'} | {r.completed}/{r.num_requests} "
             f"| {_ms(r.short_p50_ms)} / {_ms(r.short_p90_ms)} | {_ms(r.long_p50_ms)} / "
             f"{_ms(r.long_p90_ms)} | {_pct(r.att_overall)} / {_pct(r.att_short)} / "
-            f"{_pct(r.att_long)} | {sp} | {dl} | {r.load_avg_1m:.1f} |")
+            f"{_pct(r.att_long)} | {sp} | {dl} | {_ms(r.tpot_p50_ms)} "
+            f"| {'-' if r.decode_step_ms is None else f'{r.decode_step_ms:.1f} @ {r.decode_batch:.1f}'} "
+            f"| {'-' if not (r.tpot_p50_ms and r.decode_step_ms) else f'{r.tpot_p50_ms / r.decode_step_ms:.2f}'} "
+            f"| {r.load_avg_1m:.1f} |")
     return "\n".join(rows)
 
 
@@ -288,7 +317,8 @@ def main() -> None:
         print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s: "
               f"short p50/p90 {_ms(r.short_p50_ms)}/{_ms(r.short_p90_ms)} ms, long p50/p90 "
               f"{_ms(r.long_p50_ms)}/{_ms(r.long_p90_ms)} ms, attainment all/short/long "
-              f"{_pct(r.att_overall)}/{_pct(r.att_short)}/{_pct(r.att_long)} %", flush=True)
+              f"{_pct(r.att_overall)}/{_pct(r.att_short)}/{_pct(r.att_long)} %, p50 TPOT "
+              f"{_ms(r.tpot_p50_ms)} ms, decode step {_ms(r.decode_step_ms)} ms", flush=True)
 
     cmp = comparisons(runs)
     md = table(runs, cmp)

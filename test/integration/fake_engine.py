@@ -11,6 +11,8 @@ PYTHONPATH). Behaviour:
   * ControlReq: get_load (includes num_aborted / num_received), flush_cache, server_info
     (includes pid), shutdown;
   * FAKE_ENGINE_FAIL=<message> makes start-up fail with EngineReady(ok=False).
+  * FAKE_ENGINE_STALL_S=<s> reports that queued work made no progress for s seconds.
+  * FAKE_ENGINE_IGNORE_CONTROL=<m1,m2> leaves those ControlReq methods unanswered.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class FakeEngine:
                                                          "message": "aborted"}))
             if outs:
                 self.send(outs)
-        else:
+        elif msg.method not in os.environ.get("FAKE_ENGINE_IGNORE_CONTROL", "").split(","):
             self.push.send(encode(self.control(msg)))
 
     def control(self, msg: ControlReq) -> ControlResp:
@@ -177,7 +179,8 @@ class FakeEngine:
         used = sum(len(r.req.input_ids) + len(r.generated) for r in self.running.values())
         return EngineStats(num_running_reqs=len(self.running), num_queue_reqs=0,
                            token_usage=used / 4096, gen_throughput=float(len(self.running)),
-                           num_used_tokens=used, max_total_num_tokens=4096)
+                           num_used_tokens=used, max_total_num_tokens=4096,
+                           engine_stall_s=float(os.environ.get("FAKE_ENGINE_STALL_S", "0")))
 
 
 def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:

@@ -71,6 +71,7 @@ def stub(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tol_ms(stub) -> float:
     """15 ms plus the machine's current round-trip overhead (median of 5), capped at 40 ms."""
+    configure(stub)  # a test before may have left failures scripted
     overheads = []
     for _ in range(5):
         t = time.perf_counter()
@@ -102,11 +103,9 @@ def bench(base: str, *flags: str) -> list[dict]:
     return run_benchmark(args)
 
 
-@pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
-def test_latencies_attainment_goodput_errors(stub, tol_ms, tmp_path, backend):
+def _ten_requests(stub, out, backend: str, slo_ttft_ms: str, slo_tpot_ms: str) -> dict:
     configure(stub, fail_every=4)
-    out = tmp_path / "res.jsonl"
-    (rec,) = bench(
+    bench(
         stub,
         "--backend",
         backend,
@@ -121,48 +120,69 @@ def test_latencies_attainment_goodput_errors(stub, tol_ms, tmp_path, backend):
         "--random-range-ratio",
         "1",
         "--slo-ttft-ms",
-        "100",
+        slo_ttft_ms,
         "--slo-tpot-ms",
-        "30",
+        slo_tpot_ms,
         "--output-file",
         str(out),
     )
-    line = json.loads(out.read_text().strip())
+    return json.loads(out.read_text().strip())
+
+
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
+def test_latencies_attainment_goodput_errors(stub, tmp_path, backend):
+    """What load cannot change: counts, errors, attainment against SLOs no delay can miss (and
+    one no request can meet), latencies never below the stub's script."""
+    line = _ten_requests(stub, tmp_path / "res.jsonl", backend, "60000", "60000")
     for k in SGLANG_FIELDS + OUR_FIELDS:
         assert k in line, k
     assert line["backend"] == backend and line["completed"] == 8
     assert line["errors"] == {"http_400": 2}  # requests 4 and 8 of 10
     assert line["total_input_tokens"] == 8 * 32 and line["total_output_tokens"] == 8 * 8
-    # Medians: one stalled request on a shared box must not decide the test.
-    assert line["median_ttft_ms"] == pytest.approx(FIRST_MS, abs=tol_ms)
-    assert line["median_tpot_ms"] == pytest.approx(ITL_MS, abs=tol_ms)
-    assert line["mean_itl_ms"] == pytest.approx(ITL_MS, abs=tol_ms)
-    assert line["median_itl_ms"] == pytest.approx(ITL_MS, abs=tol_ms)
-    assert line["median_e2e_latency_ms"] == pytest.approx(FIRST_MS + 7 * ITL_MS, abs=tol_ms)
+    # the stub never answers early: every figure is at least its script
+    assert line["median_ttft_ms"] >= FIRST_MS - 1
+    assert line["median_e2e_latency_ms"] >= FIRST_MS + 7 * ITL_MS - 1
+    assert line["duration"] >= (FIRST_MS + 7 * ITL_MS) / 1000 - 0.001
     # TPOT is the per-request mean gap, so (E2E - TTFT) / 7 ties the three together.
     assert line["mean_tpot_ms"] == pytest.approx(
         (line["mean_e2e_latency_ms"] - line["mean_ttft_ms"]) / 7, rel=1e-9
     )
-    # Failed requests count as misses: 8 of 10 meet both SLOs.
+    # Failed requests count as misses: 8 of 10 meet both SLOs (a minute each).
     assert line["ttft_attainment"] == pytest.approx(0.8)
     assert line["tpot_attainment"] == pytest.approx(0.8)
     assert line["slo_attainment"] == pytest.approx(0.8)
     assert line["goodput_rps"] == pytest.approx(8 / line["duration"])
-    # All 10 were sent at once and each takes ~190 ms.
-    assert line["duration"] == pytest.approx((FIRST_MS + 7 * ITL_MS) / 1000, abs=0.1)
     bodies = _http(stub + "/stub/requests")
     assert len(bodies) == 10
     for b in bodies:
         params = b.get("sampling_params", b)
         assert params["ignore_eos"] is True
         assert params.get("max_new_tokens", params.get("max_tokens")) == 8
-        assert b["slo"] == {"ttft_ms": 100.0, "tpot_ms": 30.0}
+        assert b["slo"] == {"ttft_ms": 60000.0, "tpot_ms": 60000.0}
         if backend == "sglang":
             assert len(b["input_ids"]) == 32
-    assert rec["completed"] == 8
+    # a TTFT SLO under the stub's first-token delay: nobody meets it, goodput is 0
+    line = _ten_requests(stub, tmp_path / "miss.jsonl", backend, str(FIRST_MS / 2), "60000")
+    assert line["ttft_attainment"] == 0.0 and line["slo_attainment"] == 0.0
+    assert line["tpot_attainment"] == pytest.approx(0.8) and line["goodput_rps"] == 0.0
 
 
-def test_classes_split_by_prompt_length(stub, tol_ms):
+@pytest.mark.slow
+def test_latency_figures_match_the_stubs_script(stub, tol_ms, tmp_path):
+    """The timing bars (a loaded machine breaks them: `slow`, out of CI)."""
+    line = _ten_requests(stub, tmp_path / "res.jsonl", "sglang", "100", "30")
+    # Medians: one stalled request on a shared box must not decide the test.
+    assert line["median_ttft_ms"] == pytest.approx(FIRST_MS, abs=tol_ms)
+    assert line["median_tpot_ms"] == pytest.approx(ITL_MS, abs=tol_ms)
+    assert line["mean_itl_ms"] == pytest.approx(ITL_MS, abs=tol_ms)
+    assert line["median_itl_ms"] == pytest.approx(ITL_MS, abs=tol_ms)
+    assert line["median_e2e_latency_ms"] == pytest.approx(FIRST_MS + 7 * ITL_MS, abs=tol_ms)
+    assert line["slo_attainment"] == pytest.approx(0.8)  # 50 of 100 ms, 20 of 30 ms
+    # All 10 were sent at once and each takes ~190 ms.
+    assert line["duration"] == pytest.approx((FIRST_MS + 7 * ITL_MS) / 1000, abs=0.1)
+
+
+def _classes(stub) -> tuple[dict, dict, dict]:
     # 0.5 ms per prompt token: short (32) TTFT = 66 ms, long (256) TTFT = 178 ms.
     configure(stub, prefill_ms_per_token=0.5)
     (rec,) = bench(
@@ -180,14 +200,29 @@ def test_classes_split_by_prompt_length(stub, tol_ms):
         "--seed",
         "5",
     )
-    short, long_ = rec["by_class"]["short"], rec["by_class"]["long"]
+    return rec, rec["by_class"]["short"], rec["by_class"]["long"]
+
+
+def test_classes_split_by_prompt_length(stub):
+    rec, short, long_ = _classes(stub)
     assert short["num_requests"] > 0 and long_["num_requests"] > 0
     assert short["num_requests"] + long_["num_requests"] == 12
+    # a long prompt's TTFT is at least 50 + 128 ms: it can never meet 120 ms
+    assert long_["median_ttft_ms"] >= FIRST_MS + 128 - 1 and long_["ttft_attainment"] == 0.0
+    assert short["median_ttft_ms"] >= FIRST_MS + 16 - 1
+    # the whole run's attainment is the classes' weighted by their sizes
+    assert rec["ttft_attainment"] == pytest.approx(short["ttft_attainment"] * short["num_requests"] / 12)
+    assert rec["tpot_attainment"] is None and rec["slo_attainment"] == rec["ttft_attainment"]
+
+
+@pytest.mark.slow
+def test_class_latencies_match_the_stubs_script(stub, tol_ms):
+    """The timing bars (a loaded machine breaks them: `slow`, out of CI)."""
+    rec, short, long_ = _classes(stub)
     assert short["median_ttft_ms"] == pytest.approx(FIRST_MS + 16, abs=tol_ms)
     assert long_["median_ttft_ms"] == pytest.approx(FIRST_MS + 128, abs=tol_ms)
-    assert short["ttft_attainment"] == 1.0 and long_["ttft_attainment"] == 0.0
+    assert short["ttft_attainment"] == 1.0
     assert rec["ttft_attainment"] == pytest.approx(short["num_requests"] / 12)
-    assert rec["tpot_attainment"] is None and rec["slo_attainment"] == rec["ttft_attainment"]
 
 
 def test_multi_turn_resends_history(stub):
@@ -259,7 +294,6 @@ def test_timeout_connection_and_duration_cap(stub):
     assert rec["errors"] == {"stream_error": 2} and rec["completed"] == 2
     # 40 req/s for at most 0.3 s, outputs of 30 tokens (~630 ms) cut by a 0.1 s drain.
     configure(stub)
-    t = time.monotonic()
     (rec,) = bench(
         stub,
         "--num-prompts",
@@ -277,8 +311,7 @@ def test_timeout_connection_and_duration_cap(stub):
         "--random-range-ratio",
         "1",
     )
-    assert time.monotonic() - t < 3.0
-    assert rec["not_sent"] > 150
+    assert rec["not_sent"] > 150  # the duration cap stopped sending (8 s of requests at 40/s)
     assert rec["errors"].get("cancelled", 0) == rec["num_requests"] > 0
 
 

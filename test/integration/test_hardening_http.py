@@ -17,6 +17,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from fake_engine import write_tiny_model_dir  # noqa: E402
+from sglang_pd.frontend.inputs import INLINE_TOKENIZE_CHARS  # noqa: E402
 from test_http_fake_engine import start_server, stop_server  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,20 +85,40 @@ def test_oversized_body_is_a_413_and_health_stays_live(url: str) -> None:
     assert httpx.get(url + "/health", timeout=5).status_code == 200
 
 
-def test_long_text_is_tokenized_off_the_event_loop(url: str) -> None:
-    """A text near the character limit must not freeze /health while it is tokenized."""
+def test_long_text_is_tokenized_off_the_event_loop(tmp_path) -> None:
+    """While a big text is being tokenized, /health still answers: the server's tokenizer is
+    made to block (blocking_tokenizer_site/sitecustomize.py) until the test has seen /health
+    answer, so a tokenization on the event loop would leave /health unanswered (its timeout)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    big_dir = write_tiny_model_dir(str(tmp_path / "model"), context_length=16384)
+    site = os.path.join(HERE, "blocking_tokenizer_site")
+    srv = start_server(big_dir, str(tmp_path / "s.log"), env={
+        "BLOCKING_TOKENIZER_DIR": str(gate),
+        "PYTHONPATH": os.pathsep.join([site, HERE, os.environ.get("PYTHONPATH", "")])})
+    text = "BLOCK-TOKENIZER " + "ab " * (INLINE_TOKENIZE_CHARS // 3 + 100)
+    assert len(text) > INLINE_TOKENIZE_CHARS  # the size that goes to a worker thread
     results: dict[str, Any] = {}
 
     def big() -> None:
-        results["r"] = httpx.post(url + "/generate", json={"text": "ab " * 2700,
-                                                           "sampling_params": {"max_new_tokens": 1}},
-                                  timeout=60)
+        results["r"] = httpx.post(srv.url + "/generate", json={
+            "text": text, "sampling_params": {"max_new_tokens": 1}}, timeout=90)
 
     t = threading.Thread(target=big)
-    t.start()
-    assert httpx.get(url + "/health", timeout=10).status_code == 200
-    t.join()
-    assert results["r"].status_code in (200, 400), results["r"].text  # 400: over the context
+    try:
+        t.start()
+        deadline = time.monotonic() + 30  # a hang guard, not a bar
+        while not (gate / "started").exists():
+            assert time.monotonic() < deadline, "the long prompt never reached the tokenizer"
+            time.sleep(0.01)
+        # the tokenizer is blocked until "release" exists: /health must answer meanwhile
+        assert httpx.get(srv.url + "/health", timeout=15).status_code == 200
+        assert not results  # the long request is still waiting for its tokens
+    finally:
+        (gate / "release").touch()
+        t.join(90)
+        stop_server(srv)
+    assert results["r"].status_code == 200, results["r"].text
 
 
 def test_queue_limit_answers_503_with_retry_after(model_dir: str, tmp_path) -> None:
@@ -111,7 +132,7 @@ def test_queue_limit_answers_503_with_retry_after(model_dir: str, tmp_path) -> N
                        for _ in range(2)]
             for t in threads:
                 t.start()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a hang guard
             while c.get("/get_load").json()["num_frontend_reqs"] < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             r = c.post("/generate", json=body)
@@ -132,13 +153,13 @@ def test_watchdog_fails_health_when_the_engine_stops_answering(model_dir: str, t
         assert httpx.get(srv.url + "/health").status_code == 200
         def stuck_request() -> None:
             try:
-                httpx.post(srv.url + "/generate", json={"text": "hi"}, timeout=5)
+                httpx.post(srv.url + "/generate", json={"text": "hi"}, timeout=120)  # pending
             except httpx.HTTPError:
                 pass  # expected: the engine never answers
 
         t = threading.Thread(target=stuck_request, daemon=True)
         t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hang guard
         status = 200
         while status == 200 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -147,6 +168,56 @@ def test_watchdog_fails_health_when_the_engine_stops_answering(model_dir: str, t
         assert "watchdog" in httpx.get(srv.url + "/health").json()["error"]["message"]
     finally:
         stop_server(srv)
+
+
+def test_health_is_503_when_the_engine_reports_no_progress(model_dir: str, tmp_path) -> None:
+    """docs/api.md: /health fails when the engine reports queued work that made no progress for
+    --watchdog-timeout (EngineStats.engine_stall_s), though it still answers."""
+    srv = start_server(model_dir, str(tmp_path / "st.log"), "--watchdog-timeout", "2",
+                       env={"FAKE_ENGINE_STALL_S": "3"}, wait=False)
+    try:
+        deadline = time.monotonic() + 60  # a hang guard: stats arrive every 0.2 s
+        while True:
+            assert srv.proc.poll() is None, srv.log()
+            try:
+                r = httpx.get(srv.url + "/health", timeout=5)
+                if r.status_code == 503:
+                    break
+            except httpx.TransportError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, "/health never failed"
+            time.sleep(0.1)
+        assert "made no progress for 3 s" in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
+        assert httpx.get(srv.url + "/get_load", timeout=10).status_code == 200  # the engine answers
+    finally:
+        stop_server(srv)
+
+
+def test_unanswered_control_call_is_a_504_in_the_error_shape(model_dir: str, tmp_path) -> None:
+    """docs/api.md: 504 TimeoutError when the engine does not answer a control call in time."""
+    srv = start_server(model_dir, str(tmp_path / "c.log"), env={"FAKE_ENGINE_IGNORE_CONTROL": "get_load"})
+    try:
+        r = httpx.get(srv.url + "/get_load", timeout=60)
+        assert r.status_code == 504, r.text
+        assert r.json() == {"error": {"message": "the engine did not answer 'get_load' within 5s",
+                                      "type": "TimeoutError", "code": 504}}
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200  # nothing else broke
+    finally:
+        stop_server(srv)
+
+
+def test_unknown_path_is_a_404_in_the_error_shape(url: str) -> None:
+    r = httpx.get(url + "/no/such/path")
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "NotFoundError" and r.json()["error"]["code"] == 404
+
+
+def test_stop_token_ids_limit_is_256(url: str) -> None:
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1, "stop_token_ids": list(range(256))}}
+    assert httpx.post(url + "/generate", json=body, timeout=30).status_code == 200
+    body["sampling_params"]["stop_token_ids"] = list(range(257))
+    _err(httpx.post(url + "/generate", json=body, timeout=30), 400, "at most 256 stop_token_ids")
 
 
 def test_drain_past_grace_answers_json_and_a_final_sse_error(model_dir: str, tmp_path) -> None:
@@ -207,3 +278,106 @@ def test_streamed_completion_logprobs_match_the_whole_answer(url: str) -> None:
     assert text == whole["text"]
     assert tokens == whole["logprobs"]["tokens"] and len(tokens) == 12
     assert offsets == whole["logprobs"]["text_offset"]
+
+
+def _app_routes() -> list[tuple[str, str]]:
+    """(method, path) of every route the server's own app factory registers (included routers
+    walked too: FastAPI 0.165 keeps them as one entry each)."""
+    from fastapi.routing import APIRoute
+
+    from sglang_pd.entrypoints.http_server import create_app
+    from sglang_pd.server_args import ServerArgs
+
+    def walk(routes: list, prefix: str) -> list[tuple[str, str]]:
+        found = []
+        for r in routes:
+            if isinstance(r, APIRoute):
+                found += [(m, prefix + r.path) for m in r.methods if m != "HEAD"]
+            elif hasattr(r, "original_router"):  # an included router
+                found += walk(r.original_router.routes, prefix + r.include_context.prefix)
+            else:
+                raise AssertionError(f"a route of unknown kind: {r!r}")  # would go unchecked
+        return found
+
+    app = create_app(ServerArgs(model_path="m", api_key="k"), tokenizer_manager=None)  # type: ignore[arg-type]
+    return sorted(walk(app.routes, ""))
+
+
+def test_api_key_guards_every_route_but_health(model_dir: str, tmp_path) -> None:
+    """docs/api.md: with --api-key every endpoint except GET /health needs the key. The routes
+    come from the app's own table, so a new route that skips the guard fails here."""
+    routes = _app_routes()
+    documented = {("POST", "/abort_request"), ("POST", "/flush_cache"), ("POST", "/set_prefill_role"),
+                  ("GET", "/get_load"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                  ("POST", "/generate"), ("GET", "/metrics"), ("GET", "/health")}
+    assert documented <= set(routes), documented - set(routes)
+    srv = start_server(model_dir, str(tmp_path / "k.log"), "--api-key", "sekret")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            open_routes = []
+            for method, path in routes:
+                for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+                    r = c.request(method, path, json={}, headers=headers)
+                    if r.status_code != 401:
+                        open_routes.append((method, path, headers))
+                    else:
+                        assert "API key" in r.json()["error"]["message"], r.text
+                r = c.request(method, path, json={}, headers={"Authorization": "Bearer sekret"})
+                assert r.status_code != 401, (method, path, r.text)  # the key opens every route
+            assert open_routes == [("GET", "/health", h) for h in
+                                   ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"})]
+    finally:
+        stop_server(srv)
+
+
+# ---------------------------------------------------------------- docs/api.md, server lifecycle
+def test_start_up_exits_1_when_the_port_is_taken(model_dir: str, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        srv = start_server(model_dir, str(tmp_path / "p.log"), "--host", "127.0.0.1",
+                           "--port", str(port), wait=False)  # the last --port wins
+        try:
+            assert srv.proc.wait(60) == 1, srv.log()  # a hang guard, not a bar
+            assert str(port) in srv.log() and "in use" in srv.log().lower(), srv.log()
+        finally:
+            stop_server(srv)
+
+
+def test_start_up_exits_1_when_the_tokenizer_cannot_load(tmp_path) -> None:
+    broken = write_tiny_model_dir(str(tmp_path / "model"))
+    with open(os.path.join(broken, "tokenizer.json"), "w") as f:
+        f.write("{not json")
+    srv = start_server(broken, str(tmp_path / "t.log"), wait=False)
+    try:
+        assert srv.proc.wait(60) == 1, srv.log()
+        assert "tokenizer" in srv.log().lower(), srv.log()
+    finally:
+        stop_server(srv)
+
+
+def test_in_flight_requests_get_503_when_the_engine_dies(model_dir: str, tmp_path) -> None:
+    srv = start_server(model_dir, str(tmp_path / "e.log"), env={"FAKE_ENGINE_STEP_S": "0.2"})
+    out: dict[str, Any] = {}
+
+    def long_request() -> None:
+        out["r"] = httpx.post(srv.url + "/generate", json={
+            "text": "hi", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}, timeout=60)
+
+    t = threading.Thread(target=long_request)
+    try:
+        engine_pid = httpx.get(srv.url + "/get_server_info").json()["internal_states"][0]["pid"]
+        t.start()
+        deadline = time.monotonic() + 30  # a hang guard
+        while httpx.get(srv.url + "/get_load").json()["num_running_reqs"] < 1:
+            assert time.monotonic() < deadline, "the request never reached the engine"
+            time.sleep(0.05)
+        os.kill(engine_pid, signal.SIGKILL)
+        t.join(60)
+        _err(out["r"], 503, "engine")
+        assert srv.proc.wait(30) == 1, srv.log()
+    finally:
+        stop_server(srv)

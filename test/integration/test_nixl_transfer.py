@@ -212,7 +212,6 @@ def test_killed_prefill_fails_decode_room_via_heartbeat() -> None:
             time.sleep(0.001)
         assert dm.rooms[5].state.acked_at is not None
         os.kill(proc.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
         updates: list[RoomUpdate] = []
         while not updates and time.monotonic() < deadline:
             updates = dm.poll(time.monotonic())
@@ -220,8 +219,8 @@ def test_killed_prefill_fails_decode_room_via_heartbeat() -> None:
         assert [(u.room, u.failure, u.pages_releasable) for u in updates] == [
             (5, Failure.PEER_DEAD, True)
         ]
-        # Detected after about interval * max_failure (0.5 s * 2), not the 20 s waiting timeout.
-        assert time.monotonic() - killed_at < 5
+        # PEER_DEAD, not WAITING_TIMEOUT: the heartbeats (0.5 s * 2) noticed it, not the 20 s
+        # waiting timeout (the failure kind says which; no wall-clock bar)
     finally:
         proc.join(timeout=5)
         dm.close()

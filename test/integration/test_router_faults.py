@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import Counter
 
 import httpx
@@ -76,9 +75,9 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[str, ob
         return "transport", repr(e)
 
 
-def _kill_mid_run(router, victim, busy_url: str, want: list[int]) -> list[tuple[str, object]]:
-    """Send 8 long requests (half streamed), kill ``victim`` once ``busy_url`` holds work, and
-    return every outcome; checks none took longer than BOUND_S."""
+def _kill_mid_run(router, victim, busy_url: str, want: list[int]) -> list[tuple[bool, str, object]]:
+    """Send 8 long requests (odd ones streamed), kill ``victim`` once ``busy_url`` holds work,
+    and return (streamed, kind, value) for each; BOUND_S is a hang guard, not a bar."""
     async def run():
         async with async_client(timeout=BOUND_S + 30) as client:
             bodies = [{**LONG, "stream": i % 2 == 1} for i in range(8)]
@@ -86,21 +85,18 @@ def _kill_mid_run(router, victim, busy_url: str, want: list[int]) -> list[tuple[
                      for b in bodies]
             await asyncio.to_thread(wait_until, lambda: load(busy_url)["num_reqs"] > 0, 30,
                                     "the victim to hold requests")
-            t_kill = time.monotonic()
             await asyncio.to_thread(kill_server, victim)
-            results = await asyncio.gather(*tasks)
-            return results, time.monotonic() - t_kill
+            return await asyncio.gather(*tasks)
 
-    results, elapsed = asyncio.run(run())
-    print(f"after the kill: {sorted(Counter(k for k, _ in results).items())} in {elapsed:.1f} s")
-    assert elapsed < BOUND_S, elapsed
+    results = asyncio.run(run())
+    print(f"after the kill: {sorted(Counter(k for k, _ in results).items())}")
     for kind, value in results:
         assert kind in ("ok", "error"), value
         if kind == "ok":
             assert value == want
         else:  # a clear message, not an empty or internal one
             assert isinstance(value, str) and len(value) > 10, value
-    return results
+    return [(i % 2 == 1, kind, value) for i, (kind, value) in enumerate(results)]
 
 
 def _new_requests_succeed(router) -> None:
@@ -127,7 +123,10 @@ def test_prefill_dies_mid_run(cluster) -> None:
     want = _reference(router)
     victim = prefills[0]
     results = _kill_mid_run(router, victim.server, victim.base_url, want)
-    assert any(kind == "ok" for kind, _ in results)  # the other prefill's share, and retries
+    # docs/router.md (6): before decode's first byte a failed leg is retried with a new room on
+    # the survivors; a prefill's death comes before decode's first byte (decode still waits for
+    # the KV) or after its KV is on decode: every request ends with the right tokens
+    assert [kind for _, kind, _ in results] == ["ok"] * 8, results
     wait_until(lambda: not _routable(router)[victim.base_url], 10, "the router to drop it")
     _new_requests_succeed(router)
     assert _routable(router)[prefills[1].base_url]
@@ -138,7 +137,11 @@ def test_decode_dies_mid_run(cluster) -> None:
     want = _reference(router)
     victim = decodes[0]
     results = _kill_mid_run(router, victim, victim.base_url, want)
-    assert any(kind == "ok" for kind, _ in results)
+    # a non-streamed answer's first byte is its whole body: every one is retried and succeeds;
+    # a stream the victim had started ends with an SSE error event (errors after the first byte
+    # pass through), one it had not started is retried
+    assert all(kind == "ok" for streamed, kind, _ in results if not streamed), results
+    assert sum(kind == "ok" for _, kind, _ in results) >= 6, results  # the survivor's half and retries
     wait_until(lambda: not _routable(router)[victim.base_url], 10, "the router to drop it")
     _new_requests_succeed(router)
     # the surviving servers get their pages back

@@ -61,9 +61,12 @@ class DecodeRun:
 
 
 def simulate(policy: DecodePolicy, table: DecodeCostModel, reqs: list[FakeReq], out_len: dict[str, int],
-             arrivals: dict[str, float] | None = None, max_steps: int = 100_000) -> DecodeRun:
+             arrivals: dict[str, float] | None = None, max_steps: int = 100_000,
+             overrun: dict[int, float] | None = None) -> DecodeRun:
     """Decode until every request has ``out_len`` tokens; ``arrivals`` (rid -> time) join later
-    (their first token at arrival). Each step takes the table's time of the chosen batch."""
+    (their first token at arrival). Each step takes the table's time of the chosen batch, plus
+    ``overrun[k]`` seconds for step k (a step slower than the table: a hiccup)."""
+    overrun = overrun or {}
     arrivals = arrivals or {}
     pending = sorted((r for r in reqs if r.rid in arrivals), key=lambda r: arrivals[r.rid])
     running = [r for r in reqs if r.rid not in arrivals]
@@ -82,7 +85,8 @@ def simulate(policy: DecodePolicy, table: DecodeCostModel, reqs: list[FakeReq], 
         batch = policy.schedule(running, run.now)
         assert batch, "a decode policy returned an empty batch with requests running"
         assert len({id(r) for r in batch}) == len(batch) and all(r in running for r in batch)
-        run.step_s.append(table.batch_s([decode_context(r) for r in batch]))
+        run.step_s.append(table.batch_s([decode_context(r) for r in batch])
+                          + overrun.get(len(run.batches), 0.0))
         run.now += run.step_s[-1]
         run.batches.append([r.rid for r in batch])
         for r in batch:

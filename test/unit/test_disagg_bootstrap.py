@@ -6,7 +6,6 @@ needs real (milliseconds of) time, so ``until`` spins with short sleeps.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from polling import until
@@ -86,11 +85,22 @@ def test_register_refusal_abort_and_heartbeat(threaded: bool) -> None:
         assert [e.msg for e in seen if isinstance(e.msg, m.Abort)] == [
             m.Abort(1, "prefill says stop")
         ]
-        # Heartbeats are answered by the server itself: far past interval*max_failure, still alive.
-        for step in range(1, 40):
-            assert not [e for e in client.poll(0.5 + step * 0.5) if isinstance(e, PeerDead)]
+        # Heartbeats are answered by the server itself: far past interval*max_failure, still
+        # alive. Fake time moves on only once the ping sent at this time was answered (ordered
+        # by events, so a slow machine cannot turn ZMQ delay into missed heartbeats).
+        (link,) = client._links.values()
+        dead: list = []
+
+        def answered(now: float) -> bool:
             server.poll()
-            time.sleep(0.003)
+            dead.extend(e for e in client.poll(now) if isinstance(e, PeerDead))
+            return link.outstanding is None
+
+        for step in range(1, 40):
+            now = 0.5 + step * 0.5
+            dead.extend(e for e in client.poll(now) if isinstance(e, PeerDead))
+            until(lambda: answered(now), f"heartbeat answer at t={now}", timeout=30)
+        assert not dead and link.failures == 0
     finally:
         client.close()
         server.close()
@@ -240,5 +250,30 @@ def test_queued_request_is_not_mistaken_for_one_that_never_came() -> None:
         pu, du = drive(pm, dm, late, want=2)
         assert pu == [RoomUpdate(9, "Done")] and du[0].phase == "Success"
     finally:
+        pm.close()
+        dm.close()
+
+
+def test_prefill_acks_an_abort_for_a_room_it_does_not_know() -> None:
+    """docs/disaggregation.md: AbortAck promises nothing is in flight, "P answers this for rooms
+    it does not know, too" (a decode that aborts a room prefill never saw must not wait for
+    its quarantine limit); no room is created and no update reported."""
+    pm, dm = make_pair(FakeFabric())
+    client = BootstrapClient(heartbeat_interval=1.0)
+    try:
+        abort = m.Abort(room=99, reason="never registered")
+        assert client._send_for_room("127.0.0.1", pm.server.port, 99, abort, 0.0) is None
+        got: list = []
+        updates: list = []
+
+        def acked() -> bool:
+            updates.extend(pm.poll(0.0))
+            got.extend(e.msg for e in client.poll(0.0) if isinstance(e, Incoming))
+            return bool(got)
+
+        until(acked, "AbortAck")
+        assert got == [m.AbortAck(room=99)] and updates == [] and pm.rooms == {}
+    finally:
+        client.close()
         pm.close()
         dm.close()

@@ -197,10 +197,34 @@ def test_classification_key_is_stable_and_auto_threshold_is_pla_boundary() -> No
     auto.refresh_threshold(0.0)
     assert auto.threshold() == 300
     assert auto.is_short(FakeReq("a", 0.0, 300)) and not auto.is_short(FakeReq("b", 0.0, 301))
-    # a re-prefill over a long history has the H-dependent boundary
+    # a re-prefill over a long history: max(L_m, L_m(H)). L_m(H) alone saturates at g_r / 2a
+    # (5 tokens here): every re-prefill was long, the opposite of PLA-Serve's short regime
     h = 10_000
     lm = PrefillCostModel.fixed(coeffs).boundary_tokens(h)
-    assert auto.threshold(h) == int(lm) and int(lm) != 300
+    assert int(lm) < 10 and auto.threshold(h) == 300
+    assert auto.is_short(FakeReq("re", 0.0, h + 200, cached_len=h))
+    big = PrefillCoeffs(launch_s=0.001, a=1e-9, b=1e-6, g_w=1.1e-6, g_r=1e-5)  # L_m(H) > L_m
+    auto2 = DualQueuePrefillPolicy(_cfg(short_prefill_threshold=None), create_prefill_policy("fcfs"),
+                                   PrefillCostModel.fixed(big))
+    auto2.refresh_threshold(0.0)
+    lm2 = PrefillCostModel.fixed(big).boundary_tokens(h)
+    assert lm2 > auto2.threshold() and auto2.threshold(h) == int(lm2)
+
+
+def test_chunker_long_is_the_one_threshold_under_auto() -> None:
+    """Medha's chunker calls a prompt long by the same boundary the dual queues use: under
+    ``auto`` the fitted L_m (300 here), not the fixed default 256; one object for both."""
+    from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
+    coeffs = PrefillCoeffs(launch_s=0.001, a=1e-8, b=1e-6, g_w=4e-6, g_r=1e-7)
+    cfg = _cfg(short_prefill_threshold=None, prefill_time_budget_ms=50.0)
+    inner = create_prefill_policy("lars", PolicyConfig(**{**cfg.__dict__, "prefill_queues": "single"}))
+    inner.model = PrefillCostModel.fixed(coeffs)
+    inner.short_threshold.model = inner.model
+    dual = DualQueuePrefillPolicy(cfg, inner)
+    dual.refresh_threshold(0.0)
+    assert dual.threshold() == 300 and dual.short_threshold is inner.short_threshold
+    chunker = TimeBudgetChunker.for_config(cfg, inner.model, lambda r: 0.0, (), inner.short_threshold)
+    assert not chunker.is_long(FakeReq("a", 0.0, 280)) and chunker.is_long(FakeReq("b", 0.0, 301))
 
 
 def test_hold_sets_budget_and_plans_nothing() -> None:
@@ -223,3 +247,54 @@ def test_shorts_run_between_long_steps_longer_than_the_wait_bound() -> None:
     between = kinds[first:last + 1]
     assert "short" in between  # the long prefill did not run its 4 chunks back to back
     assert max(done[f"s{i}"] - (0.001 + 0.02 * i) for i in range(20)) < 0.3
+
+
+def test_one_decision_with_a_single_free_slot_does_not_pin_depth() -> None:
+    """D is learnt from waits, not from free slots: a decision with one free slot dispatches
+    one request but leaves D and W as they were, and a steady stream then fills batches of D
+    again. (Clamping D to the slots pinned it at 1: quick dispatches set W to ~0, the next
+    lone request went at once, D fell back to 1, and so on for good.)"""
+    awd = _awd()
+    awd.depth, awd.window = 8, 0.010
+    d = awd.decide([_short(f"r{i}", 0.0) for i in range(5)], 0.001, 16384, 1)
+    assert d.reason == "depth" and len(d.batch) == 1
+    _dispatched(awd, d, 1, 0.001)
+    assert awd.depth == 8 and awd.window == pytest.approx(0.010)
+    # a stream of one short every 0.5 ms with slots to spare: batches of D form again
+    sizes, now, queue, k = [], 0.002, [], 0
+    while now < 0.2:
+        queue.append(_short(f"s{k}", now))
+        k += 1
+        d = awd.decide(queue, now, 16384, 64)
+        if d.batch:
+            _dispatched(awd, d, len(d.batch), now)
+            sizes.append(len(d.batch))
+            queue = [r for r in queue if r not in d.batch]
+        now += 0.0005
+    assert max(sizes[-5:]) >= 8 and awd.depth >= 8
+
+
+def _dispatched(awd: AwdBatcher, d, depth: int, now: float) -> None:
+    """What the dual policy reports after a dispatch (``capped`` when the decision says so)."""
+    if getattr(d, "capped", False):
+        awd.dispatched(depth, now, d.round_start, True)
+    else:
+        awd.dispatched(depth, now, d.round_start)
+
+
+def test_filler_long_step_never_overruns_awds_dispatch_moment() -> None:
+    """A short waits in AWD's window (until 1.050 s); a long prompt arrives 5 ms before that.
+    A filler long step may run only if it ends by 1.050 s: here none fits (a step costs 10 ms
+    to launch), so the short batch goes at 1.050 s. Before, the filler had a floor of one
+    bucket (256 tokens, ~15 ms) and pushed the short batch past its moment."""
+    cfg = _cfg(awd_w_max_ms=50.0)
+    steps, done, _ = _run(cfg, [_sim("s", 1.0, 16, slo=1.0), _sim("long", 1.045, 3000)], 3.0)
+    start_short = next(t for t, plan in steps if plan[0][0] == "s")
+    assert start_short <= 1.050 + 1e-6
+    # with time for a filler it runs, and still ends by the moment
+    steps, done, _ = _run(cfg, [_sim("s", 1.0, 16, slo=1.0), _sim("long", 1.0, 3000)], 3.0)
+    fill = [(t, plan) for t, plan in steps if plan[0][0] == "long" and t < 1.050]
+    assert fill
+    model = PrefillCostModel.fixed(COEFFS)
+    for t, plan in fill:
+        assert t + model.step_s([(n, 0) for _, n in plan]) <= 1.050 + 1e-6

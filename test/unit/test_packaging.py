@@ -100,6 +100,7 @@ _NO_INDEX = ("No matching distribution found", "Could not find a version", "NewC
              "Failed to establish a new connection", "ProxyError")
 
 
+@pytest.mark.slow  # a networked `pip install` (minutes, needs an index): not in the CI suite
 def test_router_installs_alone_without_torch(tmp_path):
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
+from sglang_pd.scheduling.prefill.threshold import ShortThreshold
 from sglang_pd.scheduling.types import PrefillPolicy, SchedReq
 
 SLO_SAMPLES_KEPT = 64  # first tokens per class the deviation averages over
@@ -23,6 +24,9 @@ def short_threshold(policy: PrefillPolicy, cfg: PolicyConfig) -> int:
     """The short/long boundary in new tokens this server classifies by right now."""
     if isinstance(policy, DualQueuePrefillPolicy):
         return policy.threshold()
+    own = getattr(policy, "short_threshold", None)  # a deadline policy's (its chunker's "long")
+    if isinstance(own, ShortThreshold):
+        return own()
     return cfg.short_prefill_threshold or DEFAULT_SHORT_PREFILL_THRESHOLD
 
 

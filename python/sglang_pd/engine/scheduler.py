@@ -11,6 +11,8 @@ back first, then the newest running request is retracted (its pages freed, its t
 and re-prefilled later (recomputation, as in vLLM/nano-vllm). PD requests whose KV is in flight
 are parked here with their pages, and pages a peer may still write sit in quarantine.
 Invariant: allocator.used == pages of waiting + running + parked requests + quarantined pages.
+Colocated step composition: prefill interleaves with running decodes by one rule,
+``scheduling/colocated.py`` (a time budget per decode step), called from ``schedule``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from sglang_pd.engine.page_allocator import Allocator
+from sglang_pd.scheduling.colocated import ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
@@ -121,6 +124,9 @@ class Scheduler:
         self.hold_deadline: float | None = None  # the prefill policy waits until then
         self.num_retractions = 0
         self.num_preempted_prefills = 0
+        # colocated: prefill interleaves with running decodes by a time budget (colocated.py)
+        self.interleave = ColocatedInterleave(cfg) if cfg.role == "colocated" else None
+        self._decodes_waited = False  # the last step was prefill only while decodes ran
 
     # ------------------------------------------------------------------ queues
     def add(self, req: SchedulerReq) -> None:
@@ -218,12 +224,23 @@ class Scheduler:
     def schedule(self, now: float) -> ScheduledStep | None:
         self.hold_deadline = None
         plan: list[tuple[SchedulerReq, int]] = []
+        lace = self.interleave if self.running else None
+        decode_first = lace is not None and lace.decode_turn(self._decodes_waited)
+        self._decodes_waited = False
+        if decode_first:
+            step = self._decode_step(now)
+            if step is not None:
+                return step
         if self.waiting:
-            started = sum(1 for r in self.waiting if r.pages)
+            started = [r for r in self.waiting if r.pages]
+            tokens, chunk = self.max_prefill_tokens, self.chunk_size
+            if lace is not None:
+                cap = lace.prefill_tokens(max((r.kv_len for r in started), default=0), chunk)
+                tokens, chunk = min(tokens, cap), min(chunk, cap)
             budget = PrefillBudget(
-                token_budget=self.max_prefill_tokens,
-                chunk_size=self.chunk_size,
-                new_req_slots=self.max_running - len(self.running) - len(self.parked) - started,
+                token_budget=tokens,
+                chunk_size=chunk,
+                new_req_slots=self.max_running - len(self.running) - len(self.parked) - len(started),
                 kv=PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
                                  whole_prompt=self.whole_prompt_pages),
                 rider_contexts=[r.kv_len for r in self.running] if self.cfg.enable_mixed_chunk else (),
@@ -234,7 +251,11 @@ class Scheduler:
         if plan:
             decodes = self._mixable_decodes(now) if self.cfg.enable_mixed_chunk and self.running else []
             plan += [(r, 1) for r in decodes]
+            self._decodes_waited = lace is not None and not decodes
             return self._step(ForwardMode.MIXED if decodes else ForwardMode.EXTEND, plan, len(decodes))
+        return None if decode_first else self._decode_step(now)
+
+    def _decode_step(self, now: float) -> ScheduledStep | None:
         if self.running:
             batch = self._fit_decode(self.decode_policy.schedule(self.running, now))
             if batch:
@@ -337,6 +358,8 @@ class Scheduler:
     def observe(self, profile: StepProfile, elapsed_s: float, now: float) -> None:
         self.prefill_policy.observe(profile, elapsed_s, now)
         self.decode_policy.observe(profile, elapsed_s, now)
+        if self.interleave is not None:
+            self.interleave.observe(profile, elapsed_s)
 
     def after_extend(self, plan: Sequence[tuple[SchedulerReq, int]]) -> list[SchedulerReq]:
         """Advance KV lengths; return the requests whose prefill just completed and that need a

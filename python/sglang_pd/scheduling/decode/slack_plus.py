@@ -26,14 +26,25 @@ decode-all step still delivers its token by d_q: whenever the SLO is feasible at
 <= every T_slo, the table right), every request's k-th token arrives by t_first + (k-1) T_slo,
 the cumulative pace, not only on average.
 
-When it is not feasible (t_all > T_slo: a long request among many short ones), pace cannot be
-held for everyone, and keeping the requests that are already behind in every step would drag
-everyone behind (Alg. 3 does that: a negative s_min means decode all, every step). A request
-is *behind* when it misses its next deadline even decoded alone now; behind requests do not
-constrain the step (their slack counts as infinite), and instead none of them waits two steps
-in a row: after a step that left one out, the next step decodes every request. So the others
-keep (or regain) their pace with steps of their own, and a behind request still gets at least
-every other step.
+A step slower than the table (a hiccup of e seconds) can leave requests late. A late
+request is *behind*: it misses its next deadline even decoded alone now. When its pace is
+feasible (t_all <= its T_slo), a behind request is mandatory: it decodes in every step until it
+is back on pace, and since each of those steps takes at most t_all <= T_slo, its lateness never
+grows and shrinks by T_slo - step per token. Bound (exact table apart from the hiccups): a token
+is at most e late, e the largest single overrun since the request was last on pace, and the
+request is back on pace within ceil(e / (T_slo - t_all)) steps (any step when t_all < T_slo).
+
+When the pace is not feasible (t_all > T_slo: a long request among many short ones), pace
+cannot be held for everyone, and keeping the requests that are already behind in every step
+would drag everyone behind (Alg. 3 does that: a negative s_min means decode all, every step).
+Such a behind request does not constrain the step (its slack counts as infinite), and instead
+none of them waits two steps in a row: after a step that left one out, the next step decodes
+every request. So the others keep (or regain) their pace with steps of their own, and a
+behind request still gets at least every other step.
+
+Packing never delays a request already in the batch past its next deadline: a candidate is
+added only if the step stays within every chosen request's deadline that the step without it
+meets (a mandatory request close to its deadline is not made late by an optional one).
 
 No starvation: a skipped request's s falls by each step's time, so within a bounded number of
 steps it is negative and mandatory, or it is behind and waits at most one step. The table,
@@ -65,10 +76,15 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
         due = [next_deadline(r, self.tpot_s(r), now) - now for r in running]
         # behind its pace: misses its next deadline even decoded alone now; best effort
         behind = [d < model.step_s(1, c, c) for d, c in zip(due, ctx)]
-        if any(b and r.rid in self._behind_skipped for b, r in zip(behind, running)):
-            self._behind_skipped.clear()  # a behind request never waits two steps in a row
+        # a behind request whose pace is feasible catches up by decoding every step; one whose
+        # pace is not is best effort (below)
+        recover = [b and t_all <= self.tpot_s(r) for b, r in zip(behind, running)]
+        best_effort = [b and not rc for b, rc in zip(behind, recover)]
+        if any(b and r.rid in self._behind_skipped for b, r in zip(best_effort, running)):
+            self._behind_skipped.clear()  # a best-effort request never waits two steps in a row
             return []
-        slack = [math.inf if b else d - t_all for b, d in zip(behind, due)]
+        slack = [-math.inf if rc else math.inf if b else d - t_all
+                 for b, rc, d in zip(best_effort, recover, due)]
         chosen = [False] * n
         total = longest = count = 0
 
@@ -90,6 +106,7 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
             self._behind_skipped.clear()
             return list(running)
         mandatory = count
+        kept = min((due[i] for i in range(n) if chosen[i] and due[i] >= t_cur), default=math.inf)
         # 2. packing by ascending seq_len within the slack of the requests still skipped
         free = [i for i in range(n) if not chosen[i]]
         by_slack = sorted(free, key=lambda i: slack[i])
@@ -108,13 +125,15 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
         for i in sorted(free, key=lambda i: running[i].seq_len):
             rest = rest_min(i)
             t = model.step_s(count + 1, total + ctx[i], max(longest, ctx[i]))
-            if t <= rest and (count == 0 or (count + 1) / t > count / t_cur):
+            if t <= min(rest, kept) and (count == 0 or (count + 1) / t > count / t_cur):
                 add(i)
                 t_cur = t
+                if due[i] >= t and not best_effort[i]:
+                    kept = min(kept, due[i])
         # 3. an optional partial step must not cost throughput: its tokens/s at least the
         # decode-all step's (else it only spends everyone's lead, e.g. a long request alone)
         if not count or (not mandatory and count / t_cur < n / t_all):
             self._behind_skipped.clear()
             return []
-        self._behind_skipped = {r.rid for r, c, b in zip(running, chosen, behind) if b and not c}
+        self._behind_skipped = {r.rid for r, c, b in zip(running, chosen, best_effort) if b and not c}
         return [r for r, c in zip(running, chosen) if c]

@@ -29,6 +29,10 @@ Choices the paper leaves open (ours, named):
   Without these one quiet spell would pin D at 1 and W at its minimum for good.
 - A backlog deeper than D is dispatched up to D_max at once: D sets how long to wait, not how
   many may go (waiting requests gain nothing from being split over steps).
+- D_max (free request slots, the token budget) caps a decision's depth, min(D, D_max), but is
+  not learnt: a dispatch that the cap (or a KV refusal) cut short adapts neither D nor W.
+  Clamping D itself let one decision with a single free slot pin D at 1 for good (each quick
+  dispatch then set W to ~0, the next lone request went at once, and D fell back to 1).
 - r_s: arrivals over the last ``RATE_WINDOW`` short requests seen (each request is in the queue
   for at least one decision, so none is missed).
 Defaults of sigma, delta, eps, T_max, W_min, W_max, M_s: ``PolicyConfig.awd_*`` (the paper gives
@@ -61,6 +65,7 @@ class AwdDecision:
     # the batch as positions in the short queue's ``Queue`` (its numbers, for the grants)
     queue: Queue | None = None
     positions: np.ndarray | None = None
+    capped: bool = False  # D_max (slots, tokens) was below D: not a signal about the wait
 
 
 class AwdBatcher:
@@ -136,7 +141,7 @@ class AwdBatcher:
         pad = self.grid.bucket(rem_anchor, 1)
         pad_len = pad[0] if pad is not None else rem_anchor
         d_max = max(1, min(self.max_depth(pad_len, token_budget), slots))
-        self.depth = min(self.depth, d_max)
+        target = min(self.depth, d_max)  # this decision's depth; D itself is not clamped
         batch_idx = self._candidate(rem, first, pad_len, d_max)
         lengths: list[int] = rem[batch_idx].tolist()
         batch = q.pick(batch_idx)
@@ -144,8 +149,9 @@ class AwdBatcher:
         head_arrival = float(arrival[0])
         round_start = max(self.last_dispatch, head_arrival)
         hol_end = head_arrival + self.t_max
-        go = AwdDecision(batch, None, "", round_start, q, batch_idx)
-        if len(batch) >= self.depth:
+        capped = d_max < self.depth and len(batch) >= d_max  # the cap, not the wait, sized it
+        go = AwdDecision(batch, None, "", round_start, q, batch_idx, capped)
+        if len(batch) >= target:
             return self._dispatch(go, "depth")
         if now >= hol_end:
             return self._dispatch(go, "hol")
@@ -159,7 +165,7 @@ class AwdBatcher:
         if min_slack <= self.sigma:
             return self._dispatch(go, "slack")
         w_sla = max(0.0, min_slack - self.delta)
-        w_gr = max(0, self.depth - len(batch)) / max(self.rate, self.eps)
+        w_gr = max(0, target - len(batch)) / max(self.rate, self.eps)
         t_go = min(max(now + min(w_sla, w_gr), round_start + self.w_min), round_start + self.window)
         if now >= t_go:
             return self._dispatch(go, "window")
@@ -184,10 +190,13 @@ class AwdBatcher:
         go.reason = reason
         return go
 
-    def dispatched(self, depth: int, now: float, round_start: float) -> None:
-        """Alg. 1 lines 12-15 (and our growth rules) after a batch of ``depth`` really went."""
+    def dispatched(self, depth: int, now: float, round_start: float, capped: bool = False) -> None:
+        """Alg. 1 lines 12-15 (and our growth rules) after a batch of ``depth`` really went;
+        ``capped``: its size was set by free slots, the token budget or KV, not by waiting."""
         tau = max(0.0, now - round_start)
-        if depth >= self.depth:
+        if capped:
+            pass  # says nothing about how long to wait: D and W stay
+        elif depth >= self.depth:
             self.window = min(max(tau, self.w_min), self.w_max)
             bigger = [b for b in self.grid.batch if b > self.depth]
             self.depth = bigger[0] if bigger else self.depth

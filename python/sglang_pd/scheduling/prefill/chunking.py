@@ -17,7 +17,8 @@ to reorder at least every t_target.
 
 Ours (named): t_current starts at the model's per-step launch time; the first request of a
 step always gets at least ``MIN_CHUNK`` tokens (else a budget smaller than one launch would
-stall prefill for good); "long" = more new tokens than the short/long threshold.
+stall prefill for good); "long" = more new tokens than the server's one short/long boundary
+(``threshold.py``: under ``--short-prefill-threshold auto`` the fitted one, as dual queues).
 Per-mode default when the flag is unset: colocated with mixed steps and a ``--slo-tpot-ms``
 uses that SLO as t_target (Medha derives t_target from the TPOT SLO); otherwise off (fixed
 ``--chunked-prefill-size`` chunks).
@@ -62,7 +63,7 @@ def largest_chunk(model: PrefillCostModel, seconds: float, context: int, cap: in
 class TimeBudgetChunker:
     """One step's chunk sizing. ``rho(req)`` is the policy's relative slack (Medha §4.1)."""
 
-    def __init__(self, model: PrefillCostModel, target_s: float, long_threshold: int,
+    def __init__(self, model: PrefillCostModel, target_s: float, long_threshold: Callable[[int], int],
                  rho: Callable[[SchedReq], float], rider_contexts: Sequence[int] = ()) -> None:
         self.model = model
         self.target = target_s
@@ -74,15 +75,21 @@ class TimeBudgetChunker:
 
     @classmethod
     def for_config(cls, cfg: PolicyConfig, model: PrefillCostModel, rho: Callable[[SchedReq], float],
-                   rider_contexts: Sequence[int] = ()) -> "TimeBudgetChunker | None":
+                   rider_contexts: Sequence[int] = (),
+                   threshold: Callable[[int], int] | None = None) -> "TimeBudgetChunker | None":
+        """``threshold``: the server's one short/long boundary (``threshold.ShortThreshold``:
+        cached tokens -> new tokens); None = ``--short-prefill-threshold`` or its default."""
         target = time_budget_s(cfg)
         if target is None:
             return None
-        threshold = cfg.short_prefill_threshold or DEFAULT_SHORT_PREFILL_THRESHOLD
+        if threshold is None:
+            fixed = cfg.short_prefill_threshold or DEFAULT_SHORT_PREFILL_THRESHOLD
+            threshold = lambda cached_len: fixed  # noqa: E731
         return cls(model, target, threshold, rho, rider_contexts)
 
     def is_long(self, req: SchedReq) -> bool:
-        return req.prefilled_len + req.prefill_remaining - req.cached_len > self.long_threshold
+        new = req.prefilled_len + req.prefill_remaining - req.cached_len
+        return new > self.long_threshold(req.cached_len)
 
     def size(self, req: SchedReq, want: int) -> int:
         """Largest chunk (<= want) fitting the budget left; 0 = skip this request this step."""

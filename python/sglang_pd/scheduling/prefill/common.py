@@ -38,6 +38,7 @@ from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
 from sglang_pd.scheduling.prefill.order import Order, Queue, stable_order
+from sglang_pd.scheduling.prefill.threshold import ShortThreshold
 from sglang_pd.scheduling.prefill.walk import Cut, walk
 from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
@@ -56,6 +57,7 @@ class DeadlinePolicy(PrefillPolicy):
         self.default_slo_s = self.cfg.slo_ttft_s or self.cfg.prefill_no_slo_ttft_ms / 1e3
         self.margin_s = self.cfg.prefill_deadline_margin_ms / 1e3
         self.max_partial = self.cfg.prefill_max_partial
+        self.short_threshold = ShortThreshold(self.cfg, self.model)  # the chunker's "long"
 
     def observe(self, step: StepProfile, elapsed_s: float, now: float) -> None:
         self.model.observe(step, elapsed_s, now)
@@ -99,8 +101,9 @@ class DeadlinePolicy(PrefillPolicy):
         """``walk.walk`` with this policy's partial bound and, with a step-time budget, its
         chunker. ``cut``, the array form of ``fits`` (the same limit), replaces it where it can:
         without a chunker (which sizes chunks request by request)."""
+        self.short_threshold.refresh(now)
         chunker = TimeBudgetChunker.for_config(self.cfg, self.model, lambda r: self.rho(r, now),
-                                               budget.rider_contexts)
+                                               budget.rider_contexts, self.short_threshold)
         if chunker is not None or cut is None:
             return walk(q, order, budget, self.max_partial, fits, chunker)
         return walk(q, order, budget, self.max_partial, cut=cut)

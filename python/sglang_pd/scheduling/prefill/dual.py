@@ -4,9 +4,8 @@
 in this: the scheduler's one arrival-ordered ``waiting`` list is partitioned by a stable key,
 the request's new tokens ``prefilled_len + prefill_remaining - cached_len`` (unchanged by its
 chunks): key <= threshold is short. The threshold is ``--short-prefill-threshold`` or, with
-``auto``, PLA-Serve §2.1's fitted compute/memory boundary L_m, the H-dependent one for
-re-prefills (H = ``cached_len``), refreshed every ``THRESHOLD_REFRESH_S`` and falling back to the
-default (256) while the cost model cannot place it.
+``auto``, PLA-Serve §2.1's fitted compute/memory boundary L_m (``threshold.py``: the one
+boundary, also the chunker's "long").
 A step is all-short or all-long (mutual exclusion): short steps are AWD batches
 (``awd.py``), long steps come from the wrapped policy (fcfs: PLA's one request by fixed
 chunks; any registry policy works).
@@ -18,7 +17,8 @@ ours): SLA-first across the two heads with a bound on the long queue's wait.
   one long step runs first. So a long prompt advances at least one chunk per bound, whatever the
   short traffic.
 - AWD holds (filling a batch): a long chunk runs meanwhile, sized by the cost model to end by
-  the moment AWD wants to dispatch (at least ``min_long_chunk`` tokens, so it always advances).
+  the moment AWD wants to dispatch; with too little time left for ``MIN_CHUNK`` tokens none
+  runs (the long queue's wait bound still moves it). Never a filler that overruns the moment.
 - Nothing short: the long policy alone; nothing long while AWD holds: the engine sleeps until
   AWD's moment (``budget.hold_until``; a hold never aborts anything).
 Roles (``--prefill-role``, switchable at runtime with ``set_role``): ``short`` serves long
@@ -33,16 +33,15 @@ from typing import Sequence
 
 import numpy as np
 
-from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PREFILL_ROLES, PolicyConfig
+from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher, AwdDecision
-from sglang_pd.scheduling.prefill.chunking import largest_chunk
+from sglang_pd.scheduling.prefill.chunking import MIN_CHUNK, largest_chunk
 from sglang_pd.scheduling.prefill.common import Queue
+from sglang_pd.scheduling.prefill.threshold import ShortThreshold
 from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
-
-THRESHOLD_REFRESH_S = 5.0
 
 
 class DualQueuePrefillPolicy(PrefillPolicy):
@@ -57,10 +56,11 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         self.awd = AwdBatcher(cfg, self.model)
         self.role = cfg.prefill_role
         self.long_max_wait = cfg.prefill_long_max_wait_ms / 1e3
-        self.min_long_chunk = cfg.buckets.max_tokens
+        # the one short/long boundary, shared with the long policy's chunker when it has one
+        shared_thr = getattr(long_policy, "short_threshold", None)
+        self.short_threshold = shared_thr if isinstance(shared_thr, ShortThreshold) and \
+            shared_thr.model is self.model else ShortThreshold(cfg, self.model)
         self._fixed_threshold = cfg.short_prefill_threshold
-        self._threshold = self._fixed_threshold or DEFAULT_SHORT_PREFILL_THRESHOLD
-        self._threshold_at = float("-inf")
         self.last_long_step = float("-inf")
         self.last_short_step = float("-inf")
         self.last_class = ""  # class of the last step this policy planned
@@ -76,31 +76,21 @@ class DualQueuePrefillPolicy(PrefillPolicy):
 
     # ------------------------------------------------------------------ classes
     def threshold(self, cached_len: int = 0) -> int:
-        """Short/long boundary in new tokens (the auto one for a prompt over ``cached_len``)."""
-        if self._fixed_threshold is not None:
-            return self._fixed_threshold
-        if cached_len > 0:
-            lm = self.model.boundary_tokens(cached_len)
-            return int(lm) if lm else self._threshold
-        return self._threshold
+        """Short/long boundary in new tokens (``threshold.py``) for a prompt over ``cached_len``."""
+        return self.short_threshold(cached_len)
 
     def refresh_threshold(self, now: float) -> None:
-        if self._fixed_threshold is None and now - self._threshold_at >= THRESHOLD_REFRESH_S:
-            self._threshold_at = now
-            lm = self.model.boundary_tokens(0)
-            self._threshold = max(1, int(lm)) if lm else DEFAULT_SHORT_PREFILL_THRESHOLD
+        self.short_threshold.refresh(now)
 
     def is_short(self, req: SchedReq) -> bool:
-        new = req.prefilled_len + req.prefill_remaining - req.cached_len
-        return new <= (self._threshold if req.cached_len <= 0 or self._fixed_threshold is not None
-                       else self.threshold(req.cached_len))
+        return req.prefilled_len + req.prefill_remaining - req.cached_len <= self.threshold(req.cached_len)
 
     def short_mask(self, q: Queue) -> np.ndarray:
         """``is_short`` of every request of the queue, from its columns."""
         new = q.pre + q.rem - q.cached
         if self._fixed_threshold is not None:
             return new <= self._fixed_threshold
-        thr = np.full(len(new), self._threshold, dtype=np.int64)
+        thr = np.full(len(new), self.short_threshold.value, dtype=np.int64)
         hit = np.flatnonzero(q.cached > 0)
         if len(hit):  # re-prefills over a context: their own boundary (a few; one per context)
             thr[hit] = [self.threshold(h) for h in q.cached[hit].tolist()]
@@ -153,10 +143,15 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             return self._short(decision, now, budget)
         if len(long_idx) and (long_overdue or not len(short_idx) or self.role == "both"):
             if len(short_idx) and not long_overdue and decision.hold_until is not None:
-                # fill AWD's wait with a long chunk that ends by its dispatch moment
+                # fill AWD's wait with a long step that ends by its dispatch moment: sized by
+                # the cost model at the longest long context (the long policy picks which);
+                # too little time left for MIN_CHUNK tokens: no filler, hold
                 fit = largest_chunk(self.model, decision.hold_until - now - self.model.coeffs.launch_s,
-                                    int(q.pre[long_idx[0]]), budget.chunk_size)
-                budget.chunk_size = max(min(fit, budget.chunk_size), min(self.min_long_chunk, budget.chunk_size))
+                                    int(q.pre[long_idx].max()), min(budget.chunk_size, budget.token_budget))
+                if fit < MIN_CHUNK:
+                    budget.hold_until(decision.hold_until)
+                    return []
+                budget.chunk_size = budget.token_budget = fit
             return self._long(self._part(waiting, q, long_idx), now, budget)
         if decision.batch:
             return self._short(decision, now, budget)
@@ -201,7 +196,8 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         src = decision.queue.sub(decision.positions) if decision.queue is not None else decision.batch
         plan = self._grant_all(src, budget)
         if plan:
-            self.awd.dispatched(len(plan), now, decision.round_start)
+            capped = decision.capped or len(plan) < len(decision.batch)  # slots, tokens or KV
+            self.awd.dispatched(len(plan), now, decision.round_start, capped)
             self.last_short_step = now
             self.last_class = "short"
         return plan

@@ -1,0 +1,133 @@
+"""Stage serving: a colocated server (tiny model; Triton attention and CUDA graphs on the device)
+started with launch_server, one sampled request (temperature 1, top-p/top-k) that must answer
+200, then a short bench_serving run (random prompts, fixed rate), then the server stopped. The
+server's last log lines come back with the piece."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from sglang_pd.tools.gpu_check.common import Ctx, attempt
+
+START_TIMEOUT_S = 25.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before /health answered")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"/health did not answer within {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the engine process goes too
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def sampled_request(url: str) -> dict[str, Any]:
+    body = {"text": "The quick brown fox", "sampling_params": {
+        "temperature": 1.0, "top_p": 0.9, "top_k": 40, "max_new_tokens": 16, "ignore_eos": True}}
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=20) as r:  # a 500 raises HTTPError here
+        out = json.loads(r.read())
+    return {"status": 200, "completion_tokens": out["meta_info"]["completion_tokens"]}
+
+
+def bench(ctx: Ctx, url: str) -> dict[str, Any]:
+    out_file = ctx.work / "bench_serving.jsonl"
+    n, rate = (4, 8) if ctx.dry_run else (64, 32)
+    cmd = [sys.executable, "-m", "sglang_pd.bench_serving", "--backend", "sglang", "--base-url", url,
+           "--dataset-name", "random", "--num-prompts", str(n), "--random-input-len", "128",
+           "--random-output-len", "32" if not ctx.dry_run else "8", "--random-range-ratio", "1",
+           "--request-rate", str(rate), "--output-file", str(out_file), "--disable-tqdm",
+           "--request-timeout", "20", "--tokenizer", str(ctx.tiny_model)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=25)
+    if proc.returncode != 0 or not out_file.exists():
+        raise RuntimeError(f"bench_serving exit {proc.returncode}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
+    rec = json.loads(out_file.read_text().strip().splitlines()[-1])
+    keep = ("completed", "errors", "duration", "request_throughput", "output_throughput",
+            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
+            "p99_tpot_ms", "mean_itl_ms", "median_e2e_latency_ms")
+    return {k: rec[k] for k in keep if k in rec} | {"num_prompts": n, "request_rate": rate}
+
+
+def start_server(ctx: Ctx, log: Path, graphs: bool) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", str(ctx.tiny_model),
+           "--host", "127.0.0.1", "--port", str(port), "--device", ctx.device, "--dtype", ctx.dtype_name,
+           "--attention-backend", "torch" if ctx.dry_run else "triton", "--max-total-tokens", "65536"]
+    if not graphs:
+        cmd.append("--disable-cuda-graph")
+    with open(log, "a") as f:
+        f.write(f"===== {' '.join(cmd[1:])}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum} (the stage's time limit)")
+
+
+def run(ctx: Ctx, rec: Any) -> str:
+    log = ctx.work / "server.log"
+    proc: subprocess.Popen | None = None
+    # check.sh's timeout sends SIGTERM: unwind through ``finally`` so the server (its own
+    # session, which the timeout does not reach) is stopped and does not hold the GPU
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    try:
+        # graphs on (the default) first; if that server cannot start, once more without graphs
+        for graphs in ([True] if ctx.dry_run else [True, False]):
+            proc, url = start_server(ctx, log, graphs)
+            start = attempt(rec, f"start_graphs_{'on' if graphs else 'off'}",
+                            lambda: wait_healthy(url, proc, START_TIMEOUT_S) or {"ok": True})
+            if "error" not in start:
+                break
+            stop(proc)
+        if "error" in start:
+            rec.piece["status"] = "fail"
+            return f"server did not start: {start['error']}"
+        sampled = attempt(rec, "sampled_request", lambda: sampled_request(url))
+        result = attempt(rec, "bench_serving", lambda: bench(ctx, url))
+    finally:
+        if proc is not None:
+            stop(proc)
+        if log.exists():
+            rec.data["server_log_tail"] = log.read_text(errors="replace").splitlines()[-50:]
+        rec.save()
+    if "error" in sampled or "error" in result:
+        rec.piece["status"] = "fail"
+        return "; ".join(x["error"][:150] for x in (sampled, result) if "error" in x)
+    mode = "graphs" if "start_graphs_off" not in rec.data else "no graphs (graphs failed to start)"
+    return (f"{mode}: {result.get('completed')}/{result['num_prompts']} done, "
+            f"{result.get('output_throughput', 0):.0f} out tok/s, TTFT p50 "
+            f"{result.get('median_ttft_ms', 0):.1f} ms, TPOT p50 {result.get('median_tpot_ms', 0):.2f} ms")

@@ -1,0 +1,152 @@
+"""Colocated servers interleave prefill with running decodes by a time budget
+(scheduling/colocated.py): the torch-free Scheduler in virtual time, step times from a fixed
+prefill cost model and a linear decode table. Before the rule every waiting prefill ran first:
+a burst of 3K-token prompts kept the running decodes waiting for seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_pd.engine.page_allocator import CountingAllocator
+from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.scheduling.colocated import MIN_TOKENS, PREFILL_SHARE, ColocatedInterleave
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
+from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
+from sglang_pd.scheduling.step import ForwardMode
+from sglang_pd.sim.request import SimReq
+
+# CPU-like: a 512-token chunk ~0.1 s, a decode step 10 ms + 0.5 ms per request
+COEFFS = PrefillCoeffs(launch_s=2e-3, per_req_s=1e-4, a=1e-9, b=2e-4, g_w=0.0, g_r=1e-8)
+
+
+def decode_s(n: int) -> float:
+    return 0.01 + 5e-4 * n
+
+
+def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None):
+    """Four short requests decoding, then a burst of twelve 3K prompts and more shorts.
+    Returns the steps as (mode, start, duration, prefill seconds, running before the step)."""
+    cfg = PolicyConfig(chunked_prefill_size=512, max_prefill_tokens=2048, page_size=16,
+                       enable_mixed_chunk=mixed, slo_tpot_ms=slo_tpot_ms,
+                       prefill_queues="dual" if prefill == "dual" else "single")
+    model = PrefillCostModel.fixed(COEFFS)
+    sched = Scheduler(CountingAllocator(4000), cfg,
+                      create_prefill_policy("fcfs" if prefill == "dual" else prefill, cfg),
+                      create_decode_policy(decode, cfg))
+    if getattr(sched, "interleave", None) is not None:
+        sched.interleave.model = model  # as with a measured profile: predictions are exact
+    arrivals = [SimReq(f"d{i}", 0.0, 64, output_len=150, slo_tpot_s=0.1) for i in range(4)]
+    arrivals += [SimReq(f"L{i}", 0.3 + 0.01 * i, 3072, output_len=4) for i in range(12)]
+    arrivals += [SimReq(f"s{i}", 0.35 + 0.05 * i, 100, output_len=20) for i in range(10)]
+    pending, now, steps = sorted(arrivals, key=lambda r: r.arrival), 0.0, []
+    for _ in range(100_000):
+        while pending and pending[0].arrival <= now:
+            sched.add(pending.pop(0))
+        if not sched.has_work:
+            if not pending:
+                return steps, arrivals
+            now = pending[0].arrival
+            continue
+        running = len(sched.running)
+        step = sched.schedule(now)
+        if step is None:
+            now = sched.hold_deadline or (pending[0].arrival if pending else now + 1e-3)
+            continue
+        pre = model.step_s((n, r.kv_len) for r, n in step.prefill_plan) if step.prefill_plan else 0.0
+        if step.mode is ForwardMode.MIXED:
+            pre -= COEFFS.launch_s  # one forward: the decode part pays the launch
+        dur = pre + (decode_s(step.num_decode) if step.num_decode else 0.0)
+        steps.append((step.mode, now, dur, pre, running))
+        sched.observe(step.profile(total_s=dur), dur, now + dur)
+        now += dur
+        for r in sched.after_extend(step.prefill_plan):
+            r.n_generated, r.first_token_time = 1, now
+        decodes = step.decode_reqs
+        sched.after_decode(decodes)
+        for r in decodes:
+            r.n_generated += 1
+            if r.done:
+                r.finish_time = now
+                sched.remove(r)
+        for r in list(sched.running):  # prefill-made last token
+            if r.done:
+                r.finish_time = now
+                sched.remove(r)
+        sched.check_integrity()
+    raise AssertionError("not finished")
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("decode", ["continuous", "slack+"])
+@pytest.mark.parametrize("prefill", ["fcfs", "kairos+", "dual"])
+def test_prefill_never_delays_a_decode_by_more_than_the_budget(prefill: str, decode: str, mixed: bool) -> None:
+    """With decodes running, the prefill time between two decode steps is at most B = 1.5x the
+    decode step time (no TPOT SLO set), plus one per-request overhead per extra request in the
+    step; every request finishes."""
+    steps, reqs = drive(prefill, decode, mixed)
+    assert all(r.finish_time is not None for r in reqs)
+    max_decode = 0.0
+    waited = 0.0  # prefill seconds since the last step that decoded
+    n_prefill_with_decodes = 0
+    for mode, _, dur, pre, running in steps:
+        if mode is ForwardMode.DECODE:
+            max_decode = max(max_decode, dur)
+            waited = 0.0
+            continue
+        if not running:
+            continue
+        n_prefill_with_decodes += 1
+        waited += pre
+        bound = PREFILL_SHARE * max_decode + 8 * (COEFFS.per_req_s + COEFFS.g_r * 3072)
+        assert waited <= max(bound, COEFFS.launch_s + 3 * MIN_TOKENS * COEFFS.b), (mode, waited, bound)
+        if mode is ForwardMode.MIXED:
+            waited = 0.0  # the decodes rode along
+    assert n_prefill_with_decodes > 20  # the burst really was prefilled beside running decodes
+
+
+def test_the_tpot_slo_is_the_step_target() -> None:
+    """With a TPOT SLO, a decode waits for at most (SLO - decode step) of prefill: the decode
+    requests' inter-token gaps stay within the 100 ms SLO (plus per-request overheads)."""
+    steps, reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0)
+    gap, last = 0.0, None
+    for mode, start, dur, _, running in steps:
+        if mode is ForwardMode.DECODE:
+            if last is not None:
+                gap = max(gap, start + dur - last)
+            last = start + dur
+    assert gap <= 0.1 + 0.005
+
+
+def test_budget_rule() -> None:
+    cfg = PolicyConfig(chunked_prefill_size=512)
+    lace = ColocatedInterleave(cfg, PrefillCostModel.fixed(COEFFS))
+    lace.decode_s = 0.02
+    assert lace.budget_s() == pytest.approx(0.03)
+    n = lace.prefill_tokens(0, 512)
+    assert lace.model.step_s([(n, 0)]) <= 0.03 < lace.model.step_s([(n + 1, 0)])
+    assert lace.prefill_tokens(3000, 512) < n  # the same budget buys fewer tokens over a long context
+    slo = ColocatedInterleave(PolicyConfig(slo_tpot_ms=50.0), PrefillCostModel.fixed(COEFFS))
+    slo.decode_s = 0.02
+    assert slo.budget_s() == pytest.approx(0.03)
+    slo.decode_s = 0.2  # SLO tighter than the decode step: prefill still moves
+    assert slo.prefill_tokens(0, 512) == MIN_TOKENS
+    assert lace.decode_turn(True) and not lace.decode_turn(False)
+    # a launch worth many tokens: no step smaller than the launch's worth (fixed model)
+    heavy = ColocatedInterleave(cfg, PrefillCostModel.fixed(PrefillCoeffs(launch_s=0.1, b=1e-3)))
+    heavy.decode_s = 0.01
+    assert heavy.floor_tokens() == 100 and heavy.prefill_tokens(0, 512) == 100
+    mixed = ColocatedInterleave(PolicyConfig(enable_mixed_chunk=True), PrefillCostModel.fixed(COEFFS))
+    assert not mixed.decode_turn(True)
+
+
+def test_measured_token_rate_caps_a_prior_that_is_far_off() -> None:
+    """The cost model's prior says 25K tokens/s (a GPU); the CPU does 200. After one measured
+    prefill step the cap follows the measured rate, not the prior's 512-token chunks."""
+    from sglang_pd.scheduling.step import StepProfile, StepShape
+    lace = ColocatedInterleave(PolicyConfig(chunked_prefill_size=512))  # the default prior
+    lace.decode_s = 0.2
+    assert lace.prefill_tokens(0, 512) == 512  # the prior: 300 ms buys every token
+    step = StepProfile(ForwardMode.EXTEND, 1, 500, 0, 0, StepShape(1, 500), total_s=2.5)
+    lace.observe(step, 2.5)
+    assert lace.prefill_tokens(0, 512) == 59  # 300 ms less the launch, at 5 ms per token
