@@ -184,6 +184,10 @@ class PrefillGraphRunner:
         self.statics.fill(batch, tokens, rows)
         self.replays += 1
         if not self.on_cuda:
+            if not self.backend.supports_prefill_graph:
+                # (the dry run's torch backend reads slot contents into its metadata on the
+                # host, and stores padding into page 0: plumbing only, never a graph)
+                self.backend.init_forward_metadata(static)
             return self.model.forward(static).float()[: batch.batch_size]
         assert self._logits is not None
         self._graphs[bucket].replay()
