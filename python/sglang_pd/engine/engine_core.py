@@ -25,6 +25,7 @@ from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.load_signals import LoadTracker, class_queues, short_threshold
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
+from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
 from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
 from sglang_pd.engine.pd_rules import whole_prompt_pages
@@ -73,6 +74,10 @@ class EngineCore:
         graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs,
                                 attention)
         graph_reserve = graph_reserve_bytes(graph_bs, cfg, dtype) if graph_bs else 0
+        # short-prefill graphs where a short queue feeds the engine (engine/prefill_graph.py)
+        prefill_grid = short_prefill_graph_grid(args, graph_bs > 0 and attention.supports_prefill_graph)
+        if prefill_grid is not None:
+            graph_reserve += prefill_graph_reserve_bytes(prefill_grid, cfg, dtype)
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
             device=args.device, page_size=args.page_size,
@@ -85,7 +90,7 @@ class EngineCore:
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
                                   max_positions=cfg.max_position_embeddings,
-                                  graph_reserved_bytes=graph_reserve)
+                                  graph_reserved_bytes=graph_reserve, prefill_graph_grid=prefill_grid)
         if args.device.startswith("cuda"):  # compile every kernel variant now, not in a request
             warm_up(self.runner, min(self.context_length, cfg.max_position_embeddings,
                                      self.max_total_num_tokens))

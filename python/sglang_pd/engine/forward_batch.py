@@ -37,6 +37,9 @@ class ForwardBatch:
     # [2, B] int64 on the model's device: seq_lens, extend_lens, copied by the model runner with
     # the step's other tensors (one host-to-device copy); None on CPU and in hand-built batches
     device_lens: torch.Tensor | None = field(default=None)
+    # [B] on the model's device: each row's last real token when rows are padded to a fixed
+    # length (short-prefill graphs, engine/prefill_graph.py); None: tokens are packed
+    row_last: torch.Tensor | None = field(default=None)
 
     @property
     def batch_size(self) -> int:
@@ -51,5 +54,7 @@ class ForwardBatch:
         """Index into the T new tokens of each request's last new token ([B]). Computed on the
         model's device from ``device_lens`` when the runner put the lengths there: moving a
         host index over would be a blocking copy in the middle of the forward."""
+        if self.row_last is not None:  # padded rows (short-prefill graphs)
+            return self.row_last
         extend_lens = self.extend_lens if self.device_lens is None else self.device_lens[1]
         return torch.cumsum(extend_lens, 0) - 1

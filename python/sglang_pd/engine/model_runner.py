@@ -13,13 +13,16 @@ from sglang_pd.engine.attention.base import AttentionBackend
 from sglang_pd.engine.cuda_graph import CudaGraphRunner, HostStaging
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
+from sglang_pd.engine.prefill_graph import PrefillGraphRunner
 from sglang_pd.engine.request import Req
+from sglang_pd.scheduling.step import BucketGrid
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, attn_backend: AttentionBackend,
                  cuda_graph_max_bs: int = 0, max_positions: int | None = None,
-                 graph_reserved_bytes: int | None = None) -> None:
+                 graph_reserved_bytes: int | None = None,
+                 prefill_graph_grid: BucketGrid | None = None) -> None:
         self.model = model
         # Positions are checked here, on the host, when a batch is built (the model's RoPE
         # table ends at max_positions): a check inside the forward would sync the device every
@@ -37,6 +40,13 @@ class ModelRunner:
         if cuda_graph_max_bs > 0 and self.device.type == "cuda" and attn_backend.supports_cuda_graph:
             self.graph_runner = CudaGraphRunner(model, kv_pool, attn_backend, cuda_graph_max_bs)
             self.graph_runner.capture(graph_reserved_bytes)
+        # short-prefill graphs (engine/prefill_graph.py): the grid is given only where a short
+        # queue feeds this runner (prefill servers, colocated dual queues)
+        self.prefill_graphs: PrefillGraphRunner | None = None
+        if (prefill_graph_grid is not None and self.device.type == "cuda"
+                and attn_backend.supports_prefill_graph):
+            self.prefill_graphs = PrefillGraphRunner(model, kv_pool, attn_backend, prefill_graph_grid)
+            self.prefill_graphs.capture()
 
     def _token_slots(self, reqs: Sequence[Req], seq_lens: list[int]) -> torch.Tensor:
         """[B, max(seq_lens)] KV slot of every token; padding points into dummy page 0."""
@@ -109,6 +119,10 @@ class ModelRunner:
         """float32 logits [B, vocab] of each request's last new token."""
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
+        if self.prefill_graphs is not None:  # short-prefill graphs
+            bucket = self.prefill_graphs.bucket_for(batch)
+            if bucket is not None:
+                return self.prefill_graphs.replay(batch, bucket)
         return self.model.forward(batch).float()
 
 

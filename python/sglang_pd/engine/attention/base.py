@@ -20,6 +20,9 @@ class AttentionBackend(ABC):
     # CUDA-graph hooks (engine/cuda_graph.py) below are optional: a backend that sets this True
     # implements all three; the runner never calls them otherwise.
     supports_cuda_graph: bool = False
+    # short-prefill graphs (engine/prefill_graph.py): init_forward_metadata on an extend batch
+    # whose lengths are constant device tensors builds metadata a graph can capture
+    supports_prefill_graph: bool = False
     # decode attention computes over batch x longest context (padded), not the sum of contexts:
     # the decode cost model then keys a step by that (PolicyConfig.decode_attention_padded)
     decode_pads_to_longest: bool = False

@@ -43,6 +43,9 @@ def _num_sms(device: torch.device) -> int:
 
 class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
+    # extend metadata reads device_lens (constant per short-prefill bucket) and the host
+    # extend_lens for the grid size only: no host data changes between replays
+    supports_prefill_graph = True
 
     def __init__(self) -> None:
         self._graph_pages: torch.Tensor | None = None  # [max_bs, max_pages] int32, graphs only

@@ -14,7 +14,7 @@ STAGES: dict[str, tuple[str, int]] = {
     "parity": ("parity_stage", 80),
     "decode": ("decode_stage", 50),
     "prefill": ("prefill_stage", 30),
-    "short_prefill": ("short_prefill_stage", 15),
+    "short_prefill": ("short_prefill_stage", 35),  # an engine start and 9 bucket captures
     "serving": ("serving_stage", 45),
     "pd": ("pd_stage", 60),
 }
