@@ -62,3 +62,23 @@ def test_pick_victim_follows_the_policy_order_and_the_bound() -> None:
     a.pages = [1, 2, 3, 4]  # holds every page of its prompt: never a victim
     assert pick_victim([a], {}, {}, 16) is None
     assert pick_victim([b], {}, {b: MAX_PREFILL_PREEMPTIONS}, 16, bounded=False) is b
+
+
+def test_a_hold_due_now_is_a_hold_not_a_stuck_queue() -> None:
+    """Found by the property tests: AWD (dual queues) answered at its own dispatch moment with
+    ``hold_until == now``; the scheduler read that as no hold, and unblock aborted the request
+    as "a policy bug" (a 503 on a real server)."""
+    from sglang_pd.scheduling.types import PrefillPolicy
+
+    class DueNow(PrefillPolicy):
+        name = "due-now"
+
+        def schedule(self, waiting, now, budget):  # type: ignore[no-untyped-def]
+            budget.hold_until(now)
+            return []
+
+    sched = build("fcfs", "continuous", "colocated", 10, page_size=16)
+    sched.prefill_policy = DueNow()
+    sched.add(SimReq("a", 0.0, 16, 1))
+    assert sched.schedule(0.5) is None and sched.holding(0.5)
+    assert sched.unblock(0.5) == []

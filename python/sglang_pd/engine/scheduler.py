@@ -27,6 +27,8 @@ from sglang_pd.scheduling.step import ForwardMode, ReqState, StepProfile, StepSh
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
 
+MIN_HOLD_S = 1e-4  # a policy's hold that is already due still waits this long
+
 
 class SchedulerReq(SchedReq, Protocol):
     """What the mechanism needs of a request beyond the policy view: its pages and KV length."""
@@ -269,8 +271,10 @@ class Scheduler:
                 self.last_rank = {r: i for i, (r, _) in enumerate(plan)}
             if started and (kv.refused or (not plan and budget.hold_deadline is None)):
                 plan += self._continue_started(started, plan, budget)
-            if not plan and budget.hold_deadline is not None and budget.hold_deadline > now:
-                self.hold_deadline = budget.hold_deadline
+            if not plan and budget.hold_deadline is not None and budget.hold_deadline > now - MIN_HOLD_S:
+                # a hold never aborts: one due now (AWD's own dispatch moment, float-equal to
+                # ``now``) is a short hold, not "stuck" (found by the property tests)
+                self.hold_deadline = max(budget.hold_deadline, now + MIN_HOLD_S)
         if plan:
             decodes = self._mixable_decodes(now) if self.cfg.enable_mixed_chunk and self.running else []
             plan += [(r, 1) for r in decodes]
