@@ -30,7 +30,7 @@ from sglang_pd.sim.request import SimReq
 
 _COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=300, **_COMMON)
+settings.register_profile("long", max_examples=int(os.environ.get("SGLANG_PD_PROPERTY_EXAMPLES", "300")), **_COMMON)
 PROFILE = settings.get_profile("long" if os.environ.get("SGLANG_PD_PROPERTY_LONG") == "1" else "ci")
 
 # a workload: (requests as (arrival ms, prompt, output, TTFT SLO s, TPOT SLO s), pool pages, config)
