@@ -171,6 +171,11 @@ class EngineStats(msgspec.Struct):
     num_retractions_total: int = 0
     num_preempted_prefills_total: int = 0
     engine_stall_s: float = 0.0  # seconds queued work has made no progress (the watchdog's input)
+    # livelock (core/watchdog.py): seconds prefill work has been thrown away repeatedly with no
+    # request completing, and how many such runs there were (sglang:engine_livelock_episodes_total)
+    engine_livelock_s: float = 0.0
+    num_livelock_episodes_total: int = 0
+    num_preempted_prefill_tokens_total: int = 0  # prefill tokens thrown away (recomputed later)
     role: str = "colocated"  # colocated | prefill | decode (not a gauge: a label-like string)
     # PD disaggregation (0 in colocated mode); names as SGLang's metrics
     num_prefill_bootstrap_queue_reqs: int = 0  # waiting for their decode to register pages

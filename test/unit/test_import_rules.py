@@ -35,6 +35,7 @@ def test_scheduling_is_pure() -> None:
     forbidden = ("torch", "zmq", "sglang_pd.engine", "sglang_pd.models", "sglang_pd.disaggregation",
                  "sglang_pd.entrypoints", "socket", "aiohttp")
     assert _violations(PKG / "scheduling", forbidden) == []
+    assert _violations(PKG / "core", forbidden) == []  # the torch-free mechanism (DESIGN.md section 1)
 
 
 def test_frontend_never_imports_engine_or_models() -> None:

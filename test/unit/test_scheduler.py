@@ -107,9 +107,11 @@ def test_retracted_request_resumes_without_resampling() -> None:
 
 
 # ---------------------------------------------------------------- progress, hold, mixed, profile
-def test_partial_prefill_gives_way_to_a_running_decode() -> None:
+def test_partial_prefill_waits_until_it_fits_beside_a_running_decode() -> None:
     """Issue 22 item 2: a partly prefilled waiting request held the pages the running request
-    needed to decode; nothing was scheduled and the engine spun forever."""
+    needed to decode; nothing was scheduled and the engine spun forever. Since issue 28 (the
+    progress rule, core/progress.py) b does not start while its prompt cannot fit beside a's
+    headroom, so nothing is thrown away and a's decode always gets its page."""
     sched = _sched(num_pages=9, page_size=4, chunk=8)  # 8 usable pages = 32 tokens
     a = _req("a", 7, 20, 0.0)
     sched.add(a)
@@ -117,16 +119,16 @@ def test_partial_prefill_gives_way_to_a_running_decode() -> None:
     a.output_ids.append(7)  # a runs with 7 tokens of KV in 2 pages
     b = _req("b", 24, 2, 1.0)  # fits the pool alone, not beside a's growing KV
     sched.add(b)
-    # b's chunks take the free pages (headroom of one page for a) while a decodes
-    for _ in range(30):
+    for _ in range(60):
         step = sched.schedule(1.0)
         if step is None:
-            assert sched.unblock(1.0) == []  # no victim: it frees pages instead
+            assert sched.unblock(1.0) == []
             continue
         if step.mode is ForwardMode.EXTEND:
             for r in sched.after_extend(step.plan):
                 r.output_ids.append(7)
         else:
+            assert b.pages == [] or not b.prefill_remaining  # b never sits on pages half-done
             sched.after_decode(step.reqs)
             for r in step.reqs:
                 r.output_ids.append(7)
@@ -135,8 +137,34 @@ def test_partial_prefill_gives_way_to_a_running_decode() -> None:
         sched.check_integrity()
         if not sched.has_work:
             break
-    assert len(a.output_ids) == 20  # a finished: decode always got its page
-    assert sched.num_preempted_prefills > 0
+    assert len(a.output_ids) == 20 and len(b.output_ids) == 2
+    assert sched.num_preempted_prefills == 0
+
+
+def test_decode_growth_takes_pages_from_the_partial_the_policy_ranked_last() -> None:
+    """Progress rule 3: when decodes grew into the reserve, the partial prefill thrown away is
+    the one the policy's last plan ranked last (not the newest), and never more than
+    MAX_PREFILL_PREEMPTIONS times."""
+    from sglang_pd.core.progress import MAX_PREFILL_PREEMPTIONS
+    sched = _sched(num_pages=17, page_size=4, chunk=8)
+    old, new = _req("old", 16, 4, 0.0), _req("new", 16, 4, 1.0)
+    for r in (old, new):
+        sched.add(r)
+        r.pages = sched.allocator.alloc(2)
+        r.kv_len = 8
+        sched.waiting.refresh(r)
+    sched.last_rank = {new: 0, old: 1}  # the policy ran `new` first in its last plan
+    runner = _req("run", 4, 8, 0.0)
+    runner.pages = sched.allocator.alloc(sched.allocator.num_free)  # the rest of the pool
+    runner.kv_len = len(runner.pages) * 4  # its next token needs a new page
+    runner.output_ids.append(7)
+    sched.running.append(runner)
+    sched.check_integrity()
+    assert sched._fit_decode([runner]) == [runner]
+    assert old.pages == [] and new.pages != []  # old was ranked last: it gave way
+    sched.prefill_preemptions[new] = MAX_PREFILL_PREEMPTIONS
+    assert sched._victim_partial() is None  # past the bound: never chosen again
+    sched.check_integrity()
 
 
 def test_unblock_frees_partial_prefills_before_aborting_a_retracted_head() -> None:
@@ -168,10 +196,8 @@ def test_unblock_waits_for_parked_and_quarantined_pages() -> None:
     too_big = _req("too-big", 40, 4, 2.0)
     sched.add(too_big)
     sched.remove(big)
-    first = sched.schedule(2.0)
-    assert first.plan == [(too_big, 32)]  # its first chunk fits, the rest never will
-    sched.after_extend(first.plan)
-    assert sched.schedule(2.0) is None
+    # its first chunk would fit, the rest never will: it does not start (progress rule 1)
+    assert sched.schedule(2.0) is None and too_big.pages == []
     [(victim, why)] = sched.unblock(2.0)
     assert victim is too_big and "pool holds only 32" in why
 

@@ -197,6 +197,9 @@ def test_scheduler_keeps_the_columns_through_chunks_preemption_retraction_and_ab
         if sched.waiting and rng.random() < 0.03:
             sched.remove(rng.choice(list(sched.waiting)))  # an abort
         retracted, preempted = sched.num_retractions, sched.num_preempted_prefills
+        victim = sched._victim_partial() if rng.random() < 0.3 else None
+        if victim is not None:  # as when decodes grew into the reserve (core/progress.py)
+            sched.preempt_prefill(victim)
         step = sched.schedule(now)
         if step is None:
             for r, _ in sched.unblock(now):

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from sglang_pd.core.watchdog import LivelockDetector
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.forward_timer import ForwardTimer
@@ -116,6 +117,8 @@ class EngineCore:
         self._flushed_early = False
         self._idle_step = False  # the last step ran nothing although work was queued
         self.stalled_since: float | None = None  # work queued, no progress since then (watchdog)
+        self.livelock = LivelockDetector()  # prefill thrown away repeatedly, nothing completes
+        self.num_completed = 0  # requests finished or ended with a reason (the detector's input)
         self.pd: PDHooks = create_pd_hooks(
             self, args.disaggregation_mode, self.kv_pool.kv_buffer, args.host,
             args.disaggregation_bootstrap_port, args.num_reserved_decode_tokens, args.max_running_requests)
@@ -244,7 +247,9 @@ class EngineCore:
         return outputs
 
     def _track_progress(self, now: float, made_progress: bool) -> None:
-        """Watchdog input: since when has queued work made no progress (a hold is not a stall)."""
+        """Watchdog input: since when has queued work made no progress (a hold is not a stall),
+        and whether steps only throw prefill work away (core/watchdog.py)."""
+        self.livelock.update(now, self.scheduler.num_preempted_prefills, self.num_completed)
         if made_progress or not self.scheduler.has_work or self.scheduler.holding(now):
             self.stalled_since = None
         elif self.stalled_since is None:
@@ -339,6 +344,7 @@ class EngineCore:
             return  # answered already; a late transfer update must not answer twice
         req.finish_reason = reason
         req.state = ReqState.FINISHED
+        self.num_completed += 1
         self.scheduler.remove(req)
         self.pd.forget(req)
         self.outbox.append(self._output(req, status))
@@ -387,6 +393,9 @@ class EngineCore:
             num_retractions_total=sched.num_retractions,
             num_preempted_prefills_total=sched.num_preempted_prefills,
             engine_stall_s=now - self.stalled_since if self.stalled_since is not None else 0.0,
+            engine_livelock_s=self.livelock.livelock_s(now),
+            num_livelock_episodes_total=self.livelock.episodes,
+            num_preempted_prefill_tokens_total=sched.num_preempted_prefill_tokens,
             role=self.pd.role,
             **self.pd.stats(),
             **self._class_stats(now),

@@ -5,9 +5,11 @@ no torch and works on the ``SchedulerReq`` protocol, so the simulator drives thi
 with length-only requests (DESIGN.md section 3).
 
 Memory story (one, documented): admission allocates the pages of the granted prefill chunk and
-keeps one page of headroom per running request; decode allocates a page when a request crosses
-a page boundary; when the pool runs dry, partly prefilled waiting requests give their pages
-back first, then the newest running request is retracted (its pages freed, its tokens kept)
+keeps one page of headroom per running request; a prefill starts only when its whole prompt fits
+beside what started prefills still need (the progress rule, ``core/progress.py``); decode
+allocates a page when a request crosses a page boundary; when the pool runs dry, the partial
+prefill the policy ranks last gives its pages back first (a bounded number of times per
+request), then the newest running request is retracted (its pages freed, its tokens kept)
 and re-prefilled later (recomputation, as in vLLM/nano-vllm). PD requests whose KV is in flight
 are parked here with their pages, and pages a peer may still write sit in quarantine.
 Invariant: allocator.used == pages of waiting + running + parked requests + quarantined pages.
@@ -20,12 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from sglang_pd.core.progress import pick_victim, remaining_pages, reserved_pages
 from sglang_pd.engine.page_allocator import Allocator
 from sglang_pd.scheduling.colocated import ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
+
+MIN_HOLD_S = 1e-4  # a policy's hold that is already due still waits this long
 
 
 class SchedulerReq(SchedReq, Protocol):
@@ -69,37 +74,61 @@ class ScheduledStep:
 
 
 class PageAdmission:
-    """KVAdmission over the page allocator: grants allocate immediately."""
+    """KVAdmission over the page allocator: grants allocate immediately. A fresh prefill (no
+    pages yet) is admitted only when its whole prompt fits beside ``reserve``, the pages the
+    started prefills still need (progress rule 1, core/progress.py); ``refused`` records
+    that some grant was refused this step (rule 2)."""
 
     def __init__(self, allocator: Allocator, page_size: int, headroom_pages: int,
-                 whole_prompt: bool = False) -> None:
+                 whole_prompt: bool = False, reserve_pages: int = 0) -> None:
         self.allocator = allocator
         self.page_size = page_size
         self.headroom = headroom_pages
         # PD prefill: all of a prompt's pages at its first chunk, since the decode side
         # registers a fixed destination page list for the whole prompt
         self.whole_prompt = whole_prompt
+        self.reserve = reserve_pages
+        self.refused = False
 
     def pages_needed(self, req: SchedulerReq, new_tokens: int) -> int:
         tokens = req.prefill_target if self.whole_prompt else req.kv_len + new_tokens
         return max(-(-tokens // self.page_size) - len(req.pages), 0)
 
+    def _fits(self, req: SchedulerReq, need: int) -> bool:
+        free = self.allocator.num_free - self.headroom
+        if req.pages or self.whole_prompt:
+            return need <= free  # a started prefill draws on its own reservation
+        return -(-req.prefill_target // self.page_size) + self.reserve <= free
+
+    def _took(self, req: SchedulerReq, need: int, fresh: bool) -> None:
+        """Keep ``reserve`` right: a fresh one's remainder joins it, a started one's chunk
+        comes out of it."""
+        if not self.whole_prompt:
+            self.reserve += remaining_pages(req, self.page_size) if fresh else -need
+
     def can_admit(self, req: SchedulerReq, new_tokens: int) -> bool:  # type: ignore[override]
-        return self.pages_needed(req, new_tokens) + self.headroom <= self.allocator.num_free
+        ok = self._fits(req, self.pages_needed(req, new_tokens))
+        self.refused |= not ok
+        return ok
 
     def admit(self, req: SchedulerReq, new_tokens: int) -> None:  # type: ignore[override]
-        req.pages.extend(self.allocator.alloc(self.pages_needed(req, new_tokens)))
+        need, fresh = self.pages_needed(req, new_tokens), not req.pages
+        req.pages.extend(self.allocator.alloc(need))
+        self._took(req, need, fresh)
 
     def admit_run(self, reqs: Sequence[SchedulerReq], new_tokens: Sequence[int]) -> int:
         """``can_admit`` then ``admit`` for each in order up to the first refusal (one call for
         a whole plan: the prefill walk's ``PrefillBudget.grant_run``); how many were admitted."""
-        alloc, ps, head, whole = self.allocator, self.page_size, self.headroom, self.whole_prompt
+        alloc, ps, whole = self.allocator, self.page_size, self.whole_prompt
         for k, (req, n) in enumerate(zip(reqs, new_tokens)):
             tokens = req.prefill_target if whole else req.kv_len + n
             need = max(-(-tokens // ps) - len(req.pages), 0)
-            if need + head > alloc.num_free:
+            if not self._fits(req, need):
+                self.refused = True
                 return k
+            fresh = not req.pages
             req.pages.extend(alloc.alloc(need))
+            self._took(req, need, fresh)
         return len(reqs)
 
 
@@ -127,6 +156,11 @@ class Scheduler:
         # colocated: prefill interleaves with running decodes by a time budget (colocated.py)
         self.interleave = ColocatedInterleave(cfg) if cfg.role == "colocated" else None
         self._decodes_waited = False  # the last step was prefill only while decodes ran
+        self.num_preempted_prefill_tokens = 0  # prefill work thrown away (tokens), for the watchdog
+        # progress rule 3 (core/progress.py): times each waiting request's partial prefill was
+        # thrown away, and positions in the policy's most recent non-empty plan
+        self.prefill_preemptions: dict[SchedulerReq, int] = {}
+        self.last_rank: dict[SchedulerReq, int] = {}
 
     # ------------------------------------------------------------------ queues
     def add(self, req: SchedulerReq) -> None:
@@ -149,6 +183,8 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.release(req)
+        self.prefill_preemptions.pop(req, None)
+        self.last_rank.pop(req, None)
 
     def release(self, req: SchedulerReq) -> None:
         if req.pages:
@@ -237,17 +273,25 @@ class Scheduler:
             if lace is not None:
                 cap = lace.prefill_tokens(max((r.kv_len for r in started), default=0), chunk)
                 tokens, chunk = min(tokens, cap), min(chunk, cap)
+            kv = PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
+                               whole_prompt=self.whole_prompt_pages,
+                               reserve_pages=0 if self.whole_prompt_pages else reserved_pages(started, self.page_size))
             budget = PrefillBudget(
                 token_budget=tokens,
                 chunk_size=chunk,
                 new_req_slots=self.max_running - len(self.running) - len(self.parked) - len(started),
-                kv=PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
-                                 whole_prompt=self.whole_prompt_pages),
+                kv=kv,
                 rider_contexts=[r.kv_len for r in self.running] if self.cfg.enable_mixed_chunk else (),
             )
             plan = list(self.prefill_policy.schedule(self.waiting, now, budget))
-            if not plan and budget.hold_deadline is not None and budget.hold_deadline > now:
-                self.hold_deadline = budget.hold_deadline
+            if plan:
+                self.last_rank = {r: i for i, (r, _) in enumerate(plan)}
+            if started and (kv.refused or (not plan and budget.hold_deadline is None)):
+                plan += self._continue_started(started, plan, budget)
+            if not plan and budget.hold_deadline is not None and budget.hold_deadline > now - MIN_HOLD_S:
+                # a hold never aborts: one due now (AWD's own dispatch moment, float-equal to
+                # ``now``) is a short hold, not "stuck" (found by the property tests)
+                self.hold_deadline = max(budget.hold_deadline, now + MIN_HOLD_S)
         if plan:
             decodes = self._mixable_decodes(now) if self.cfg.enable_mixed_chunk and self.running else []
             plan += [(r, 1) for r in decodes]
@@ -261,6 +305,23 @@ class Scheduler:
             if batch:
                 return self._step(ForwardMode.DECODE, [(r, 1) for r in batch], len(batch))
         return None
+
+    @staticmethod
+    def _continue_started(started: list[SchedulerReq], plan: list[tuple[SchedulerReq, int]],
+                          budget: PrefillBudget) -> list[tuple[SchedulerReq, int]]:
+        """Progress rule 2: started prefills the policy's plan left out after a KV refusal (or
+        an empty plan without a hold) go on, oldest first, within the budget left; each one's
+        own refusal skips only it."""
+        planned = {r for r, _ in plan}
+        more: list[tuple[SchedulerReq, int]] = []
+        for r in started:
+            if budget.token_budget <= 0:
+                break
+            if r not in planned:
+                n = budget.grant(r)
+                if n:
+                    more.append((r, n))
+        return more
 
     def _step(self, mode: ForwardMode, plan: list[tuple[SchedulerReq, int]], num_decode: int) -> ScheduledStep:
         if mode is ForwardMode.DECODE:
@@ -292,7 +353,7 @@ class Scheduler:
         ps = self.page_size  # _needs_page inlined: this runs for every request every decode step
         needs = [r for r in batch if r.kv_len >= len(r.pages) * ps]
         while len(needs) > self.allocator.num_free:
-            partial = self._newest_partial_prefill()
+            partial = self._victim_partial()
             if partial is not None:
                 self.preempt_prefill(partial)
                 continue
@@ -308,14 +369,21 @@ class Scheduler:
             r.pages.extend(self.allocator.alloc(1))
         return batch
 
-    def _newest_partial_prefill(self) -> SchedulerReq | None:
-        return next((r for r in reversed(self.waiting) if r.pages), None)
+    def _victim_partial(self, bounded: bool = True) -> SchedulerReq | None:
+        """Progress rule 3: the partial prefill the policy ranks last, within the bound."""
+        partials = [r for r in self.waiting if r.pages]
+        if not partials:
+            return None
+        return pick_victim(partials, self.last_rank, self.prefill_preemptions, self.page_size,  # type: ignore[return-value]
+                           bounded)
 
     def preempt_prefill(self, req: SchedulerReq) -> None:
         """A waiting request gives back the pages of its partial prefill (recomputed later)."""
+        self.num_preempted_prefill_tokens += req.kv_len
         self.release(req)
         self.waiting.refresh(req)
         self.num_preempted_prefills += 1
+        self.prefill_preemptions[req] = self.prefill_preemptions.get(req, 0) + 1
 
     def retract(self, req: SchedulerReq) -> None:
         self.running.remove(req)
@@ -338,15 +406,19 @@ class Scheduler:
                     for r in never]
         if self.pending_pages:
             return []
-        partial = self._newest_partial_prefill()
-        if partial is not None:  # pages spread over partial prefills: one gives way per call
+        partial = self._victim_partial()
+        if partial is not None:  # pages short: the partial the policy ranks last gives way
             self.preempt_prefill(partial)
             return []
         if self.running:
             lone = self.running[0]
             if len(self.running) == 1 and self._needs_page(lone) and self.allocator.num_free == 0:
                 return [(lone, "out of KV cache memory: the request's KV fills the whole pool")]
-            return []  # the decode policy chose to wait
+            return []  # the decode policy chose to wait, or decodes will give pages back
+        partial = self._victim_partial(bounded=False)
+        if partial is not None:  # unreachable while the reservation holds (core/progress.py)
+            self.preempt_prefill(partial)
+            return []
         if self.waiting:
             return [(self.waiting[0], f"the prefill policy {self.prefill_policy.name!r} scheduled "
                                       f"nothing with the KV pool free (a policy bug)")]

@@ -45,6 +45,10 @@ _KNOWN_STATS: dict[str, tuple[str, str]] = {
 }
 
 
+# EngineStats totals exported as counters (not gauges)
+_COUNTER_STATS = ("num_livelock_episodes_total",)
+
+
 @dataclass
 class FrontendMetrics:
     model_name: str
@@ -76,6 +80,12 @@ class FrontendMetrics:
                                     labels, registry=reg).labels(self.model_name)
         self.num_aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted",
                                    labels, registry=reg).labels(self.model_name)
+        # the livelock watchdog (core/watchdog.py): runs of thrown-away prefill work with no
+        # request completing; exported as sglang:engine_livelock_episodes_total
+        self.livelock_episodes = Counter("sglang:engine_livelock_episodes",
+                                         "Times the engine threw prefill work away repeatedly while no "
+                                         "request completed", labels, registry=reg).labels(self.model_name)
+        self._livelock_episodes = 0
         # SLO attainment per request class (ours, not SGLang's): met/missed TTFT and TPOT of
         # requests that carry an SLO (their own or the --slo-*-ms default)
         cls_labels = ["model_name", "request_class"]
@@ -106,9 +116,14 @@ class FrontendMetrics:
 
     def update_engine_stats(self, stats: EngineStats) -> None:
         for name, value in msgspec.structs.asdict(stats).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or name in _COUNTER_STATS:
                 continue
             self.add_engine_gauge(name).set(value)
+        # engine totals exported as counters: add what grew since the last stats message
+        episodes = stats.num_livelock_episodes_total
+        if episodes > self._livelock_episodes:
+            self.livelock_episodes.inc(episodes - self._livelock_episodes)
+        self._livelock_episodes = episodes
         samples = stats.step_samples
         if samples is not None:
             for mode, batch, seconds in zip(samples.modes, samples.batch_sizes, samples.seconds):

@@ -173,7 +173,8 @@ class TokenizerManager:
 
     def stall_reason(self) -> str | None:
         """Why /health should fail (the watchdog, --watchdog-timeout): the engine loop sent
-        nothing while requests wait on it, or it reports queued work making no progress."""
+        nothing while requests wait on it, it reports queued work making no progress, or it
+        livelocks (throws prefill work away again and again while nothing completes)."""
         limit = self.server_args.watchdog_timeout
         silent = time.monotonic() - self.last_engine_msg
         if self.states and silent > limit:
@@ -183,6 +184,11 @@ class TokenizerManager:
         if stall > limit:
             return (f"the engine made no progress for {stall:.0f} s with work queued "
                     f"(--watchdog-timeout {limit:g} s)")
+        livelock = self.last_stats.engine_livelock_s if self.last_stats is not None else 0.0
+        if livelock > limit:  # busy but going nowhere (core/watchdog.py)
+            return (f"the engine threw away partial prefills over and over for {livelock:.0f} s while no "
+                    f"request completed ({self.last_stats.num_preempted_prefills_total} so far; "  # type: ignore[union-attr]
+                    f"--watchdog-timeout {limit:g} s)")
         return None
 
     # ------------------------------------------------------------------ receive side

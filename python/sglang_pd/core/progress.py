@@ -1,0 +1,77 @@
+"""The progress rule: what the scheduling mechanism promises whatever a prefill policy ranks.
+
+Policies rank; the mechanism (``engine/scheduler.py: Scheduler``) makes sure the ranking cannot
+stop the engine. Issue 28 found the failure this rule closes: a newer, higher-ranked request
+took the pages an older partial prefill needed for its last chunk, the KV refusal ended the
+step, and ``unblock`` threw away the newer partial, which the policy ranked first again: both
+restarted for ever (12,313 partial prefills thrown away in 200 s of virtual time). The rule:
+
+1. Reservation. A prefill starts (its first chunk is admitted) only when its whole prompt fits
+   in the free pages beside what the started prefills still need to finish (their remainders,
+   "reserved pages") and the decode headroom. A started prefill draws on its own reservation.
+   So, as long as running decodes do not grow into the reserve, every started prefill can
+   finish without taking a page from anyone: nothing is thrown away to make room for a request
+   ranked above it. (A PD prefill server allocates the whole prompt at the first chunk: nothing
+   to reserve.)
+2. Refusals end a step only for the refused. After the policy's plan, if a KV refusal cut it
+   short, or it is empty without a hold (a batch that could not be granted, e.g. dual queues
+   with no free request slot), the started prefills it left out continue in arrival order
+   within the step's token budget, each asking the pool for its own pages.
+3. Bounded, ranked preemption. Only when decodes grew into the reserve (pages are short and
+   nothing can run) is a partial prefill thrown away: the one the policy ranked last (its most
+   recent plan: partials it granted rank above those it left out, newest last), and no request
+   more than ``MAX_PREFILL_PREEMPTIONS`` times; a partial that already holds every page of its
+   prompt (PD prefill) never, since it needs nothing. Past the bound decodes are retracted
+   instead (the existing fallback) or the engine waits for running requests to finish.
+Derived bound (property-tested in test/unit/test_progress_properties.py): thrown-away prefill
+work is at most ``MAX_PREFILL_PREEMPTIONS`` prompts per request, and with no running decode the
+reserve always fits (decodes that finish or are retracted give back every page they grew), so
+an idle engine with queued work always schedules something or aborts a request with a reason.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Protocol, Sequence
+
+MAX_PREFILL_PREEMPTIONS = 2  # times one request's partial prefill may be thrown away
+
+
+class _Partial(Protocol):
+    pages: list[int]
+
+    @property
+    def prefill_target(self) -> int: ...
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def remaining_pages(req: _Partial, page_size: int) -> int:
+    """Pages a request still needs before its prefill is done."""
+    return max(pages_for(req.prefill_target, page_size) - len(req.pages), 0)
+
+
+def reserved_pages(started: Iterable[_Partial], page_size: int) -> int:
+    """Rule 1: pages the started prefills still need, kept from fresh admissions."""
+    return sum(remaining_pages(r, page_size) for r in started)
+
+
+def pick_victim(partials: Sequence[_Partial], rank: Mapping[object, int], preemptions: Mapping[object, int],
+                page_size: int, bounded: bool = True) -> _Partial | None:
+    """Rule 3: the partial prefill to throw away, or None. ``partials`` in arrival order;
+    ``rank``: positions in the policy's most recent plan; ``preemptions``: times each request
+    was thrown away so far. Partials holding all their pages are never chosen; with
+    ``bounded``, neither are those already thrown away ``MAX_PREFILL_PREEMPTIONS`` times."""
+    best: _Partial | None = None
+    best_key: tuple[int, int] | None = None
+    unranked = len(rank) + 1
+    for i, r in enumerate(partials):
+        if remaining_pages(r, page_size) == 0:
+            continue  # needs nothing: it can always go on (a PD prefill's whole-prompt pages)
+        if bounded and preemptions.get(r, 0) >= MAX_PREFILL_PREEMPTIONS:
+            continue
+        key = (rank.get(r, unranked), i)  # the policy's last plan first, then arrival
+        if best_key is None or key > best_key:
+            best, best_key = r, key
+    return best
