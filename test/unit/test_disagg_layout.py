@@ -103,7 +103,10 @@ def test_layout_wire_roundtrip_and_validation() -> None:
     with pytest.raises(msgspec.ValidationError, match="'cpu' or 'cuda:N'"):
         m.decode(bad)
     assert m.parse_kv_notif(m.kv_notif(2**63 - 1, 3, True)) == m.KVNotif(2**63 - 1, 3, True)
-    assert m.parse_kv_notif(b"something else") is None and m.parse_kv_notif(b"kv|x|1|1") is None
+    n = m.parse_kv_notif(m.kv_notif(5, 0, True, b"a|b", pages=(2, 9)))
+    assert n == m.KVNotif(5, 0, True, b"a|b", (2, 9))
+    for bad in (b"something else", b"kv|x|1|1|0:1", b"kv|1|1|1", b"kv|1|1|2|0:1", b"kv|1|1|1|0-1"):
+        assert m.parse_kv_notif(bad) is None, bad
 
 
 def test_envs_defaults_parsing_and_errors() -> None:

@@ -25,10 +25,12 @@ from sglang_pd.disaggregation import messages as m
 from sglang_pd.disaggregation.addr import validate_bootstrap_addr
 from sglang_pd.disaggregation.bootstrap import BootstrapClient, Incoming, PeerDead, Refused
 from sglang_pd.disaggregation.envs import DisaggEnvs
-from sglang_pd.disaggregation.state import Failure, KVReceiverState, RoomUpdate
+from sglang_pd.disaggregation.state import Failure, KVReceiverState, ReceiverPhase, RoomUpdate
 from sglang_pd.disaggregation.transfer.base import KVTransport
 
 logger = logging.getLogger(__name__)
+
+STRAY_LOG_EVERY_S = 10.0
 
 
 @dataclass
@@ -59,6 +61,10 @@ class KVReceiverManager:
         self.claims: set[int] = set()  # expected rooms: Claim sent, pages not yet reserved
         self._claim_failures: dict[int, RoomUpdate] = {}  # claimed rooms that failed, unreported
         self._metadata = transport.metadata()
+        # KV notices for rooms not held here (finished and released, never registered, or
+        # garbage): ignored, counted, and logged at most every STRAY_LOG_EVERY_S.
+        self.stray_notifs = 0
+        self._stray_logged_at: float | None = None
 
     def room_in_use(self, room: int) -> bool:
         """Whether a request for ``room`` is still held here (expected, transferring, or its
@@ -109,6 +115,7 @@ class KVReceiverManager:
             self.envs.waiting_timeout,
             abort_grace=self.envs.quarantine_limit,
             abort_resend=self.envs.heartbeat_interval,
+            num_pages=len(dst_pages),
         )
         reg = m.Register(
             room=room,
@@ -156,14 +163,7 @@ class KVReceiverManager:
         for ev in self.client.poll(now):
             self._on_event(ev, now)
         for data in self.transport.get_notifs():
-            n = m.parse_kv_notif(data)
-            r = self.rooms.get(n.room) if n is not None else None
-            if n is None or r is None:
-                logger.debug("ignoring notification %r (unknown room or not a KV tag)", data[:64])
-                continue
-            if n.last:
-                r.aux = n.aux
-            r.state.on_kv_notif(now, n.chunk, n.last)
+            self._on_notif(data, now)
         updates = list(self._claim_failures.values())
         self._claim_failures.clear()
         for room, r in list(self.rooms.items()):
@@ -183,6 +183,28 @@ class KVReceiverManager:
                 del self.rooms[room]
                 self.client.forget(room)
         return updates
+
+    def _on_notif(self, data: bytes, now: float) -> None:
+        n = m.parse_kv_notif(data)
+        r = self.rooms.get(n.room) if n is not None else None
+        if n is None or r is None:
+            # A late or repeated notice for a room already released, or not a KV tag. It cannot
+            # touch another room: rooms are matched by their full 63-bit number.
+            self.stray_notifs += 1
+            if self._stray_logged_at is None or now - self._stray_logged_at >= STRAY_LOG_EVERY_S:
+                self._stray_logged_at = now
+                logger.warning("ignoring KV notification %r (unknown room or not a KV tag); "
+                               "%d ignored so far", data[:64], self.stray_notifs)
+            return
+        st = r.state
+        if st.phase is ReceiverPhase.FAILED:
+            logger.info("room %d: a WRITE landed after the room failed (chunk %d); its pages are "
+                        "still quarantined", n.room, n.chunk)
+        before = st.phase
+        if st.on_kv_notif(now, n.chunk, n.last, n.pages) and n.last:
+            r.aux = n.aux
+        if st.phase is not before and st.failure is not None:
+            logger.error("%s", st.reason)
 
     def _fail_claim(self, room: int, failure: Failure, reason: str) -> None:
         self.claims.discard(room)

@@ -98,25 +98,33 @@ class KVNotif(msgspec.Struct, frozen=True):
     chunk: int
     last: bool
     aux: bytes = b""  # on the last chunk: the engine's aux data (first token, its logprob)
+    # The slice [lo, hi) of decode's registered dst_pages this WRITE filled. Decode checks that
+    # the slices of chunks 0..last cover every page before it decodes (never from stale pages).
+    pages: tuple[int, int] = (0, 0)
 
 
 _NOTIF_PREFIX = b"kv|"
 
 
-def kv_notif(room: int, chunk: int, last: bool, aux: bytes = b"") -> bytes:
-    # aux rides with the last WRITE's notification, so decode can never see it before the KV
-    return b"kv|%d|%d|%d" % (room, chunk, 1 if last else 0) + (b"|" + aux if aux else b"")
+def kv_notif(
+    room: int, chunk: int, last: bool, aux: bytes = b"", *, pages: tuple[int, int] = (0, 0)
+) -> bytes:
+    """``kv|room|chunk|last|lo:hi[|aux]``. aux rides with the last WRITE's notification, so decode
+    can never see it before the KV."""
+    head = b"kv|%d|%d|%d|%d:%d" % (room, chunk, 1 if last else 0, pages[0], pages[1])
+    return head + (b"|" + aux if aux else b"")
 
 
 def parse_kv_notif(data: bytes) -> KVNotif | None:
-    """None for notifications that are not KV-completion tags."""
+    """None for notifications that are not well-formed KV-completion tags."""
     if not data.startswith(_NOTIF_PREFIX):
         return None
-    parts = data.split(b"|", 4)  # aux (binary, may contain "|") is everything after the 4th bar
-    if len(parts) not in (4, 5):
+    parts = data.split(b"|", 5)  # aux (binary, may contain "|") is everything after the 5th bar
+    if len(parts) not in (5, 6) or parts[3] not in (b"0", b"1"):
         return None
     try:
-        aux = parts[4] if len(parts) == 5 else b""
-        return KVNotif(room=int(parts[1]), chunk=int(parts[2]), last=parts[3] == b"1", aux=aux)
+        lo, hi = (int(x) for x in parts[4].split(b":"))
+        aux = parts[5] if len(parts) == 6 else b""
+        return KVNotif(int(parts[1]), int(parts[2]), parts[3] == b"1", aux, (lo, hi))
     except ValueError:
         return None

@@ -313,7 +313,7 @@ class KVSenderManager:
                     r.peer,
                     r.src_pages[lo:hi],
                     r.dst_pages[lo:hi],
-                    m.kv_notif(r.state.room, chunk, last, r.aux if last else b""),
+                    m.kv_notif(r.state.room, chunk, last, r.aux if last else b"", pages=(lo, hi)),
                 )
             except (ValueError, TransferError) as e:  # bad pages, or the peer was removed
                 logger.error("room %d: posting chunk %d failed: %s", r.state.room, chunk, e)

@@ -84,11 +84,16 @@ class KVReceiverState:
     # would free pages that a slow but live prefill still writes into.
     abort_grace: float = 615.0
     abort_resend: float = 5.0  # re-send Abort this often while quarantined (lost or restarted)
+    # Pages registered for this room. When set, Success also needs the page slices announced by
+    # chunks 0..last to cover [0, num_pages): a room is never decoded from pages nobody wrote.
+    num_pages: int | None = None
     phase: ReceiverPhase = ReceiverPhase.BOOTSTRAPPING
     acked_at: float | None = None
     last_progress_at: float | None = None
     chunks: set[int] = field(default_factory=set)
+    chunk_pages: dict[int, tuple[int, int]] = field(default_factory=dict)
     last_chunk: int | None = None
+    duplicates: int = 0  # repeated completion notices (ignored)
     failure: Failure | None = None
     reason: str = ""
     release_at: float | None = None  # quarantine end; None = releasable now
@@ -122,22 +127,71 @@ class KVReceiverState:
         # Refused => prefill never writes; pages are free at once.
         return self._fail(now, Failure.REFUSED, reason, quarantine=False)
 
-    def on_kv_notif(self, now: float, chunk: int, last: bool) -> bool:
-        """A WRITE carrying chunk ``chunk`` completed (NIXL notif)."""
+    def on_kv_notif(
+        self, now: float, chunk: int, last: bool, pages: tuple[int, int] | None = None
+    ) -> bool:
+        """A WRITE carrying chunk ``chunk`` (dst page slice ``pages``) completed (NIXL notif).
+
+        A repeated notice is ignored. One that contradicts what this room was told (a chunk past
+        the last, a second last chunk, a slice outside the registered pages, or the same chunk
+        with another slice) fails the room: its pages are quarantined and prefill is told, since
+        a peer that breaks the protocol may still be writing."""
         if self.is_finished:
             return False
+        why = self._notif_problem(chunk, last, pages)
+        if why == "duplicate":
+            self.duplicates += 1
+            return False
+        if why is not None:
+            return self._fail(now, Failure.TRANSFER_ERROR, f"room {self.room}: {why}", quarantine=True)
         # The NIXL notif can overtake the ZMQ ack; it implies the ack.
         if self.acked_at is None:
             self.acked_at = now
         self.last_progress_at = now
         self.chunks.add(chunk)
+        if pages is not None:
+            self.chunk_pages[chunk] = pages
         if last:
             self.last_chunk = chunk
-        if self.last_chunk is not None and len(self.chunks) == self.last_chunk + 1:
-            self.phase = ReceiverPhase.SUCCESS
-        else:
+        if self.last_chunk is None or len(self.chunks) != self.last_chunk + 1:
             self.phase = ReceiverPhase.TRANSFERRING
+            return True
+        missing = self._uncovered()
+        if missing:
+            return self._fail(
+                now,
+                Failure.TRANSFER_ERROR,
+                f"room {self.room}: every chunk 0..{self.last_chunk} arrived but pages "
+                f"{missing[:8]} of {self.num_pages} were never written",
+                quarantine=True,
+            )
+        self.phase = ReceiverPhase.SUCCESS
         return True
+
+    def _notif_problem(self, chunk: int, last: bool, pages: tuple[int, int] | None) -> str | None:
+        if chunk in self.chunks:
+            same = self.chunk_pages.get(chunk) == pages and (last == (chunk == self.last_chunk))
+            return "duplicate" if same else f"chunk {chunk} announced twice, differently"
+        if chunk < 0 or (self.last_chunk is not None and chunk > self.last_chunk):
+            return f"chunk {chunk} is outside 0..{self.last_chunk}"
+        if last and self.chunks and chunk < max(self.chunks):
+            return f"last chunk {chunk} is below chunk {max(self.chunks)} that already arrived"
+        if last and self.last_chunk is not None:
+            return f"two last chunks ({self.last_chunk} and {chunk})"
+        if self.num_pages is not None:
+            lo, hi = pages if pages is not None else (0, 0)
+            if not 0 <= lo < hi <= self.num_pages:
+                return f"chunk {chunk} names pages [{lo}, {hi}) of {self.num_pages} registered"
+        return None
+
+    def _uncovered(self) -> list[int]:
+        """Registered page indexes no arrived chunk wrote (empty when num_pages is not set)."""
+        if self.num_pages is None:
+            return []
+        covered = [False] * self.num_pages
+        for lo, hi in self.chunk_pages.values():
+            covered[lo:hi] = [True] * (hi - lo)
+        return [i for i, ok in enumerate(covered) if not ok]
 
     def on_remote_abort(self, now: float, reason: str, writes_in_flight: bool = False) -> bool:
         """Prefill failed the room. Its Abort promises no write is in flight unless

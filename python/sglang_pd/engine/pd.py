@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import msgspec
 
-from sglang_pd.disaggregation.state import RoomUpdate
+from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.engine.pd_rules import decode_admits, pages_for, prefill_schedulable
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.scheduler import Scheduler
@@ -334,8 +334,14 @@ class DecodeSide:
         for update in self.mgr.poll(now):
             req = self.transferring.pop(update.room, None)
             if req is not None and update.phase == "Success":
-                self._start_decoding(req, update.aux, now)
-                continue
+                try:
+                    aux = msgspec.msgpack.decode(update.aux, type=FirstTokenAux)
+                except msgspec.MsgspecError as e:  # a prefill bug: never decode without it
+                    update = RoomUpdate(update.room, "Failed", Failure.TRANSFER_ERROR,
+                                        f"room {update.room}: unreadable first-token data ({e})")
+                else:
+                    self._start_decoding(req, aux, now)
+                    continue
             if req is None:  # a claimed room that failed before its pages were reserved
                 req = next((r for r in self.prealloc if r.bootstrap_room == update.room), None)
                 if req is not None:
@@ -368,8 +374,7 @@ class DecodeSide:
                 self.stats_.failed(fail)
                 self.core.finish(req, _transfer_failed(fail), status=_failure_status(fail))
 
-    def _start_decoding(self, req: Req, aux_bytes: bytes, now: float) -> None:
-        aux = msgspec.msgpack.decode(aux_bytes, type=FirstTokenAux)
+    def _start_decoding(self, req: Req, aux: FirstTokenAux, now: float) -> None:
         self.core.scheduler.start_running(req, kv_len=req.prompt_len)
         self.core.accept_token(req, aux.token_id, aux.logprob, aux.top_logprobs, now, first=True)
 
@@ -386,12 +391,15 @@ def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: object, host: str, boo
     """The hooks for ``--mode``, with the NIXL transport for the PD modes."""
     if mode == "colocated":
         return NullPD(core.scheduler)
+    import os
     import uuid
 
     from sglang_pd.disaggregation.envs import DisaggEnvs
+    from sglang_pd.disaggregation.transfer.faults import maybe_wrap
     from sglang_pd.disaggregation.transfer.nixl_transport import NixlKVTransport
 
     transport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", kv_buffer)
+    transport = maybe_wrap(transport, dict(os.environ))  # fault-injection tests only
     if mode == "prefill":
         from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 
