@@ -7,9 +7,7 @@ on the host (``ForwardBatch.seq_lens``/``extend_lens``) so metadata never syncs 
 CudaGraphRunner captures decode steps once per batch-size bucket (``decode_batch_buckets``) and
 replays the smallest captured bucket that holds a step, padding the extra rows so that they read
 and write only the zero dummy page 0 (the attention backend's store drops writes there).
-Short-prefill (tokens x batch) graphs are not captured yet: the last-token index is on the device
-now (``last_token_indices`` from ``device_lens``), but the Triton backend's graph hooks and these
-statics are decode-only; docs/gpu.md.
+Short-prefill (tokens x batch) graphs live beside it in ``prefill_graph.py``.
 
 Nothing here runs on CPU except the bucket arithmetic and the padding fill, which the tests check.
 """
