@@ -223,12 +223,13 @@ class Dispatcher:
                         resume: Resume | None = None, handoff: bool = False
                         ) -> "web.StreamResponse | _AttemptError | _Handoff":
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
-        p_task = asyncio.ensure_future(self._prefill_leg(prefill, path, data, headers, tokens))
+        loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
+        p_task = loop.create_task(self._prefill_leg(prefill, path, data, headers, tokens))
         decode.in_flight += 1
-        d_task = asyncio.ensure_future(self._decode_head(decode, path, data, headers, stream))
+        d_task = loop.create_task(self._decode_head(decode, path, data, headers, stream))
         head: DecodeHead | None = None
         answered = False
-        down: asyncio.Future = asyncio.get_running_loop().create_future()
+        down: asyncio.Future = loop.create_future()
         prefill.watchers.add(down)  # resolved if either worker turns unhealthy meanwhile
         decode.watchers.add(down)
         try:
