@@ -12,6 +12,10 @@ the router's. For each router the script measures, in one run:
   router that streams decode's answer from its first byte stays near the baseline; one that
   waits for the prefill's response adds the prefill's delay.
 
+smg used for the comparison: ``smg==1.13.0`` from PyPI (a Rust router wheel with no torch;
+``pip install smg==1.13.0`` into the same venv). The script ends with ours/smg ratios for the
+overhead bars (added first-byte p99, max req/s).
+
 The router process is pinned to one core (``taskset -c 0``) and the stubs and client to the
 other when the machine has two or more. Numbers are noisy on a shared machine: say so when
 quoting them. Example: ``python scripts/bench_router_overhead.py --duration 5``.
@@ -268,6 +272,14 @@ def print_table(rows, base: Samples, args: argparse.Namespace) -> None:
         print(f"{name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
               f"{added(s.first, base.first, 99):>11} {added(s.last, base.last, 50):>10} "
               f"{added(s.last, base.last, 99):>10} {rps:>10.0f} {late_text:>23}")
+    by_name = {name: (s, rps) for name, s, rps, _ in rows}
+    if "ours" in by_name and "smg" in by_name:
+        (ours, ours_rps), (smg, smg_rps) = by_name["ours"], by_name["smg"]
+        p99 = [(pct(x.first, 99) - pct(base.first, 99)) * ms for x in (ours, smg)]
+        ratio = p99[0] / p99[1] if p99[1] > 0 else float("inf")
+        print(f"ours/smg: added first p99 {p99[0]:.2f}/{p99[1]:.2f} ms = {ratio:.2f}x "
+              f"(bar: under 2 ms and at most 1.5x); max req/s {ours_rps / smg_rps:.2f}x "
+              f"(bar: at least 0.9x)")
     print(f"(baseline absolute: first p50 {pct(base.first, 50) * ms:.2f} ms, "
           f"p99 {pct(base.first, 99) * ms:.2f} ms; added = router percentile - baseline's)")
 

@@ -141,8 +141,12 @@ class Guard:
             raise ClientError(413, f"the request body has {declared} bytes; the limit is "
                                    f"{MAX_BODY_BYTES}", close=True)
         try:
-            raw = await asyncio.wait_for(self._read(request), self.body_timeout_s)
-        except asyncio.TimeoutError:
+            if request.content.is_eof():  # the whole body came with the head: nothing to wait for
+                raw = await self._read(request)
+            else:  # a cancel scope, not wait_for: no extra task per request
+                async with asyncio.timeout(self.body_timeout_s):
+                    raw = await self._read(request)
+        except TimeoutError:
             request.content.feed_eof()  # nothing more is read from this connection
             raise ClientError(408, f"the request body did not arrive within "
                                    f"{self.body_timeout_s:g}s", close=True) from None

@@ -4,6 +4,7 @@ does), labelled by request class (short | long) where a request has one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,6 +22,7 @@ class RouterMetrics:
 
     def __post_init__(self) -> None:
         reg = self.registry
+        self._children: dict[tuple[int, tuple[object, ...]], Any] = {}
         self.requests = Counter(_P + "requests", "Requests answered, by route, class and status",
                                 ["route", "request_class", "status"], registry=reg)
         self.routed = Counter(_P + "routed_requests", "Requests sent to a prefill+decode pair",
@@ -46,6 +48,16 @@ class RouterMetrics:
             "Router time from a request's arrival to its decode request being sent "
             "(queueing, classification, selection, retries' backoff)",
             ["request_class"], buckets=_LATENCY_BUCKETS, registry=reg)
+
+    def child(self, metric: Any, *labels: object) -> Any:
+        """``metric.labels(*labels)``, looked up once: ``labels()`` takes a lock and builds
+        strings, which shows on the router's per-request profile. The cache grows exactly as the
+        metric's own label sets do (bounded by routes, classes, statuses and workers)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*map(str, labels))
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -169,16 +169,17 @@ class Dispatcher:
         migration), with backoff and retries."""
         cls = route_req.request_class
         avoid = set() if avoid is None else avoid
-        last_error = RouteError(503, "no attempt made")
+        last_error: RouteError | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 if self.on_retry is not None:
                     self.on_retry(cls)
                 delay = min(self.backoff_initial_s * 2 ** (attempt - 1), self.backoff_max_s)
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jitter
+            excluded = frozenset(avoid)
             try:
-                prefill = self._pick("prefill", self.prefill_policy, route_req, frozenset(avoid))
-                decode = self._pick("decode", self.decode_policy, route_req, frozenset(avoid))
+                prefill = self._pick("prefill", self.prefill_policy, route_req, excluded)
+                decode = self._pick("decode", self.decode_policy, route_req, excluded)
             except RouteError as e:
                 last_error = e
                 continue
@@ -206,6 +207,8 @@ class Dispatcher:
                     avoid.add(w.url)
             logger.warning("attempt %d (%s -> %s) failed: %s", attempt + 1, prefill.url,
                            decode.url, result.message)
+        if last_error is None:  # only with max_retries < 0
+            last_error = RouteError(503, "no attempt made")
         if isinstance(last_error, _AttemptError) and last_error.response is not None:
             return last_error.response
         if isinstance(last_error, _AttemptError):  # the details (URLs, errors) are in the log
@@ -220,12 +223,13 @@ class Dispatcher:
                         resume: Resume | None = None, handoff: bool = False
                         ) -> "web.StreamResponse | _AttemptError | _Handoff":
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
-        p_task = asyncio.ensure_future(self._prefill_leg(prefill, path, data, headers, tokens))
+        loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
+        p_task = loop.create_task(self._prefill_leg(prefill, path, data, headers, tokens))
         decode.in_flight += 1
-        d_task = asyncio.ensure_future(self._decode_head(decode, path, data, headers, stream))
+        d_task = loop.create_task(self._decode_head(decode, path, data, headers, stream))
         head: DecodeHead | None = None
         answered = False
-        down: asyncio.Future = asyncio.get_running_loop().create_future()
+        down: asyncio.Future = loop.create_future()
         prefill.watchers.add(down)  # resolved if either worker turns unhealthy meanwhile
         decode.watchers.add(down)
         try:
@@ -297,8 +301,7 @@ class Dispatcher:
         prefill_done = False
         wake_at = loop.time() + self.kv_deadline_s
         while d_task in pending:
-            done, pending = await asyncio.wait(pending, timeout=max(wake_at - loop.time(), 0),
-                                               return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await _first_done(pending, max(wake_at - loop.time(), 0))
             if down in done:
                 sick: Worker = down.result()
                 return _AttemptError(503, f"{sick.kind} {sick.url} turned unhealthy",
@@ -451,6 +454,32 @@ class _AttemptError(RouteError):
         self.failed_prefill = failed_prefill
         self.failed_decode = failed_decode
         self.response = response  # what to answer if this is the last try
+
+
+async def _first_done(futures: set[asyncio.Future], timeout: float
+                      ) -> tuple[set[asyncio.Future], set[asyncio.Future]]:
+    """``asyncio.wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)`` without its
+    argument checks and per-call set copies: it runs once or twice per request."""
+    done = {f for f in futures if f.done()}
+    if not done:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timer = loop.call_later(timeout, wake)
+        for f in futures:
+            f.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            for f in futures:
+                f.remove_done_callback(wake)
+        done = {f for f in futures if f.done()}
+    return done, futures - done
 
 
 def _swallow(task: asyncio.Future) -> None:
