@@ -421,11 +421,7 @@ class Dispatcher:
 
     async def _answer_stream(self, request: web.Request, head: DecodeHead
                              ) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers={
-            "Content-Type": head.resp.headers.get("Content-Type", "text/event-stream"),
-            "Cache-Control": "no-cache"})
-        await out.prepare(request)
-        request[STREAM_KEY] = out  # a timeout after this point ends the stream in-band
+        out = await self._open_stream(request, head)
         await out.write(head.first)
         try:
             async for chunk in head.resp.content.iter_any():

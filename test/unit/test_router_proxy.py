@@ -12,9 +12,8 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from router_helpers import router_cluster
 
-from sglang_pd_router.app import RouterService
-from sglang_pd_router.config import PrefillSpec, RouterConfig
 from sglang_pd_router.fake_worker import FakeBehaviour, FakeWorker
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,28 +23,9 @@ GEN = {"text": "hello there", "sampling_params": {"max_new_tokens": 3}}
 
 @contextlib.asynccontextmanager
 async def cluster(n_prefill: int = 1, n_decode: int = 1, **cfg_kw) -> AsyncIterator[tuple]:
-    prefills = [FakeWorker("prefill") for _ in range(n_prefill)]
-    decodes = [FakeWorker("decode") for _ in range(n_decode)]
-    for w in prefills + decodes:
-        await w.start()
-    base = dict(health_check_interval_s=3600, load_poll_interval_s=3600, pool_controller=False,
-                retry_initial_backoff_ms=1, retry_max_backoff_ms=5)
-    base.update(cfg_kw)
-    cfg = RouterConfig(prefills=[PrefillSpec(p.url, 9000 + i) for i, p in enumerate(prefills)],
-                       decodes=[d.url for d in decodes], **base)
-    service = RouterService(cfg)
-    runner = web.AppRunner(service.make_app(), handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    try:
-        async with aiohttp.ClientSession() as client:
-            yield url, client, prefills, decodes, service
-    finally:
-        await runner.cleanup()
-        for w in prefills + decodes:
-            await w.stop()
+    """router_helpers.router_cluster (the production runner), unpacked as these tests use it."""
+    async with router_cluster(n_prefill, n_decode, **cfg_kw) as c:
+        yield c.url, c.client, c.prefills, c.decodes, c.service
 
 
 async def _events(resp: aiohttp.ClientResponse) -> list[dict]:

@@ -137,6 +137,19 @@ def unpack_step(packed: torch.Tensor, mode: ForwardMode, seq_lens: list[int], ex
 
 
 @dataclass
+def warm_on_side_stream(model: torch.nn.Module, batch: ForwardBatch, runs: int = 2) -> torch.Tensor:
+    """Run ``model.forward(batch)`` a few times on a side stream before capture (Triton compiles,
+    the caching allocator settles), then join the current stream; the last output is returned
+    so the caller can size its output buffer."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(runs):
+            out = model.forward(batch)
+    torch.cuda.current_stream().wait_stream(stream)
+    return out
+
+
 class _Statics:
     """Inputs every captured graph reads, sized for the largest bucket."""
 
@@ -209,12 +222,7 @@ class CudaGraphRunner:
             start, free_before = time.perf_counter(), torch.cuda.mem_get_info()[0]
             batch = self.statics.batch(bs, self.kv_pool, self.backend)
             self.backend.init_forward_metadata_capture(batch)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up: Triton compiles, allocator settles
-                for _ in range(2):
-                    warm = self.model.forward(batch)
-            torch.cuda.current_stream().wait_stream(stream)
+            warm = warm_on_side_stream(self.model, batch)
             if self._logits is None:
                 self._logits = torch.empty(warm.shape, dtype=torch.float32, device=warm.device)
             del warm

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_pd.engine.attention.base import AttentionBackend
+from sglang_pd.engine.cuda_graph import warm_on_side_stream
 from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.models.config import ModelConfig
@@ -157,12 +158,7 @@ class PrefillGraphRunner:
         start = time.perf_counter()
         for tokens, rows in self.buckets():
             batch = self._static_batch(tokens, rows)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up: Triton compiles, allocator settles
-                for _ in range(2):
-                    warm = self.model.forward(batch)
-            torch.cuda.current_stream().wait_stream(stream)
+            warm = warm_on_side_stream(self.model, batch)
             if self._logits is None:
                 self._logits = torch.empty(self.grid.max_batch, warm.shape[1], dtype=torch.float32,
                                            device=warm.device)
