@@ -136,7 +136,6 @@ def unpack_step(packed: torch.Tensor, mode: ForwardMode, seq_lens: list[int], ex
         device_lens=packed[3 * n : head].view(2, bsz))
 
 
-@dataclass
 def warm_on_side_stream(model: torch.nn.Module, batch: ForwardBatch, runs: int = 2) -> torch.Tensor:
     """Run ``model.forward(batch)`` a few times on a side stream before capture (Triton compiles,
     the caching allocator settles), then join the current stream; the last output is returned
@@ -150,6 +149,7 @@ def warm_on_side_stream(model: torch.nn.Module, batch: ForwardBatch, runs: int =
     return out
 
 
+@dataclass
 class _Statics:
     """Inputs every captured graph reads, sized for the largest bucket."""
 
