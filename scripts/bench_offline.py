@@ -117,7 +117,7 @@ def measure(workload: str, batch: int, engine, hf, prompts, outputs, skip_hf: bo
 
 # ---------------------------------------------------------------------------- step overhead
 def step_overhead(engine, vocab: int, sizes: list[int], steps: int = 12) -> list[dict]:
-    from sglang_pd.engine.forward_batch import ForwardMode
+    from sglang_pd.core.step import ForwardMode
 
     core = engine.core
     rows = []

@@ -30,8 +30,8 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.engine.page_allocator import CountingAllocator  # noqa: E402
-from sglang_pd.engine.scheduler import Scheduler  # noqa: E402
+from sglang_pd.core.page_allocator import CountingAllocator  # noqa: E402
+from sglang_pd.core.scheduler import Scheduler  # noqa: E402
 from sglang_pd.scheduling.config import PolicyConfig  # noqa: E402
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy  # noqa: E402
 from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy  # noqa: E402

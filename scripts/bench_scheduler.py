@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.engine.page_allocator import CountingAllocator  # noqa: E402
-from sglang_pd.engine.scheduler import Scheduler  # noqa: E402
+from sglang_pd.core.page_allocator import CountingAllocator  # noqa: E402
+from sglang_pd.core.scheduler import Scheduler  # noqa: E402
+from sglang_pd.core.step import ForwardMode  # noqa: E402
 from sglang_pd.scheduling.config import PolicyConfig  # noqa: E402
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy  # noqa: E402
-from sglang_pd.scheduling.step import ForwardMode  # noqa: E402
 from sglang_pd.sim.request import SimReq  # noqa: E402
 
 

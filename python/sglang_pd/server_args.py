@@ -11,11 +11,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_pd.core.step import BucketGrid
 from sglang_pd.engine.attention import ATTENTION_BACKENDS
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
 from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
-from sglang_pd.scheduling.step import BucketGrid
 
 DISAGG_MODES = ("colocated", "prefill", "decode")
 POLICY_PLUGINS_ENV = "SGLANG_PD_POLICY_PLUGINS"

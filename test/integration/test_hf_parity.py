@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.protocol import GenerateReq, SamplingParams
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.server_args import ServerArgs
 
 transformers = pytest.importorskip("transformers")

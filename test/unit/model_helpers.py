@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.base import AttentionBackend
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.pd_rules import decode_admits, whole_prompt_pages
 from sglang_pd.core.progress import MAX_PREFILL_PREEMPTIONS, pages_for
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.pd_rules import decode_admits, whole_prompt_pages
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.sim.request import SimReq
 
 TRANSFER_S = 0.004  # a PD KV transfer, either side

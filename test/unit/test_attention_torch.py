@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from model_helpers import PagedRequests, make_pool
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
-from sglang_pd.engine.forward_batch import ForwardMode
 
 HQ, HKV, D, LAYERS = 8, 2, 16, 2
 SCALE = D**-0.5

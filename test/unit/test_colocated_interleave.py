@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.colocated import MIN_TOKENS, PREFILL_SHARE, ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.sim.request import SimReq
 
 # CPU-like: a 512-token chunk ~0.1 s, a decode step 10 ms + 0.5 ms per request
@@ -143,7 +143,7 @@ def test_budget_rule() -> None:
 def test_measured_token_rate_caps_a_prior_that_is_far_off() -> None:
     """The cost model's prior says 25K tokens/s (a GPU); the CPU does 200. After one measured
     prefill step the cap follows the measured rate, not the prior's 512-token chunks."""
-    from sglang_pd.scheduling.step import StepProfile, StepShape
+    from sglang_pd.core.step import StepProfile, StepShape
     lace = ColocatedInterleave(PolicyConfig(chunked_prefill_size=512))  # the default prior
     lace.decode_s = 0.2
     assert lace.prefill_tokens(0, 512) == 512  # the prior: 300 ms buys every token

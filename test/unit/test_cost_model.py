@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel, PrefillPoint
-from sglang_pd.scheduling.step import ForwardMode, StepProfile, StepShape
 
 TRUE = PrefillCoeffs(launch_s=3e-3, per_req_s=2e-4, a=2e-10, b=3e-5, g_w=1e-5, g_r=2e-7)
 PRIOR = PrefillCoeffs(launch_s=1e-2, per_req_s=1e-3, a=1e-9, b=6e-5, g_w=2e-5, g_r=1e-6)  # b : g_w = 3 : 1

@@ -7,8 +7,8 @@ import pytest
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode_cost_model import (DEFAULT_DECODE_PRIOR, DecodeCoeffs, DecodeCostModel,
                                                     fit_linear)
+from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.profile import DecodeGrid, Profile, ProfileMeta, dump_profile
-from sglang_pd.scheduling.step import ForwardMode, StepProfile, StepShape
 
 LIN = DecodeCoeffs(launch_s=2e-3, per_req_s=1e-4, per_ctx_s=1e-7)
 B, C = [1, 4, 16], [0, 4096, 65536]

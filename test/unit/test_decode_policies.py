@@ -9,15 +9,15 @@ import pytest
 
 from decode_sim import kairos_model, running_req, simulate
 from policy_helpers import FakeReq
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.pacing import decode_context, next_deadline
 from sglang_pd.scheduling.decode.slack import KairosSlackDecodePolicy
 from sglang_pd.scheduling.decode.slack_plus import SlackPlusDecodePolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
 from sglang_pd.scheduling.registry import DECODE_POLICIES, create_decode_policy
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.sim.request import SimReq
 
 SLACK = ("slack", "slack+")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from policy_helpers import CountingKV, FakeReq
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher
 from sglang_pd.scheduling.prefill.chunking import largest_chunk
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.scheduling.types import PrefillBudget
 from sglang_pd.sim.request import SimReq
 

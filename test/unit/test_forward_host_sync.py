@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.model_runner import ModelRunner, check_positions
 from sglang_pd.engine.request import Req

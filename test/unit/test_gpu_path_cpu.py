@@ -19,11 +19,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 from model_helpers import PagedRequests, make_pool
-from sglang_pd.engine import attention as attn
-from sglang_pd.engine import memory
+from sglang_pd.core.step import ForwardMode
+from sglang_pd.engine import attention as attn, memory
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
 from sglang_pd.engine.cuda_graph import _Statics, decode_batch_buckets, pick_bucket
-from sglang_pd.engine.forward_batch import ForwardMode
 from sglang_pd.server_args import ServerArgs, parse_server_args
 
 try:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +38,16 @@ def test_scheduling_is_pure() -> None:
     forbidden = ("torch", "zmq", "sglang_pd.engine", "sglang_pd.models", "sglang_pd.disaggregation",
                  "sglang_pd.entrypoints", "socket", "aiohttp")
     assert _violations(PKG / "scheduling", forbidden) == []
-    assert _violations(PKG / "core", forbidden) == []  # the torch-free mechanism (DESIGN.md section 1)
+
+
+def test_core_is_torch_free_and_does_no_io() -> None:
+    """core/ is the mechanism the engine, the simulator and the scheduler benchmarks share: no
+    torch, nothing of the runtime, no I/O (time is passed in)."""
+    forbidden = ("torch", "zmq", "socket", "aiohttp", "asyncio", "threading", "subprocess", "time",
+                 "os", "sglang_pd.engine", "sglang_pd.models", "sglang_pd.disaggregation",
+                 "sglang_pd.entrypoints", "sglang_pd.frontend", "sglang_pd.sim")
+    assert sorted((PKG / "core").glob("*.py")), "core/ is missing"
+    assert _violations(PKG / "core", forbidden) == []
 
 
 def test_frontend_never_imports_engine_or_models() -> None:
@@ -63,36 +75,45 @@ def test_protocol_is_plain_data() -> None:
     assert {n.split(".")[0] for n in _imports(PKG / "protocol.py")} <= {"__future__", "typing", "math", "msgspec"}
 
 
-TORCH_FREE_MECHANISM = ("torch", "zmq", "sglang_pd.models", "sglang_pd.disaggregation",
-                        "sglang_pd.entrypoints", "sglang_pd.frontend", "sglang_pd.engine.engine_core",
-                        "sglang_pd.engine.model_runner", "sglang_pd.engine.forward_batch")
+TORCH_FREE_MECHANISM = ("torch", "zmq", "sglang_pd.engine", "sglang_pd.models",
+                        "sglang_pd.disaggregation", "sglang_pd.entrypoints", "sglang_pd.frontend")
+# scheduler benchmarks drive core/ directly (bench_offline and the serving benches go through a
+# server or the offline engine, never engine/ modules themselves)
+BENCH_SCRIPTS = sorted((ROOT / "scripts").glob("bench_*.py"))
 
 
-def test_scheduler_and_allocator_are_torch_free() -> None:
-    """The simulator drives the very same Scheduler: it may not pull torch or the runtime."""
-    for name in ("scheduler.py", "page_allocator.py", "pd_rules.py", "load_signals.py"):
-        assert _violations(PKG / "engine" / name, TORCH_FREE_MECHANISM) == []
-
-
-def test_sim_is_torch_free() -> None:
+def test_sim_and_bench_scripts_import_no_engine() -> None:
+    """The simulator and the benchmarks use core/, never engine/ (one mechanism, one place)."""
     assert _violations(PKG / "sim", TORCH_FREE_MECHANISM) == []
+    assert BENCH_SCRIPTS, "no scripts/bench_*.py found"
+    for script in BENCH_SCRIPTS:
+        assert _violations(script, ("sglang_pd.engine",)) == []
 
 
-def test_sim_uses_only_the_torch_free_engine_mechanism() -> None:
-    """sim/ drives the engine's Scheduler, allocator and PD rules, nothing else of the engine."""
-    allowed = {"sglang_pd.engine.scheduler", "sglang_pd.engine.page_allocator", "sglang_pd.engine.pd_rules",
-               "sglang_pd.engine.load_signals"}
-    bad = []
-    for path in (PKG / "sim").rglob("*.py"):
-        for name in _imports(path):
-            if name.startswith("sglang_pd.engine") and name not in allowed and name.rsplit(".", 1)[0] not in allowed:
-                bad.append(f"{path.relative_to(ROOT)} imports {name}")
-    assert bad == []
+def test_sim_and_scheduler_benches_load_no_torch_or_engine_transitively() -> None:
+    """Direct imports are not enough: what importing them actually loads must stay torch-free."""
+    code = (
+        "import importlib, importlib.util, pkgutil, sys\n"
+        "import sglang_pd.sim as sim\n"
+        "for m in pkgutil.walk_packages(sim.__path__, 'sglang_pd.sim.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "for i, p in enumerate(sys.argv[1:]):\n"
+        "    spec = importlib.util.spec_from_file_location(f'_bench{i}', p)\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'\n"
+        "             or m.startswith('sglang_pd.engine')))\n"
+    )
+    scripts = [str(ROOT / "scripts" / n) for n in ("bench_scheduler.py", "bench_prefill_decision.py")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "python"), str(ROOT / "router"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code, *scripts], capture_output=True, text=True,
+                         env=env, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_models_know_no_loop_or_http() -> None:
     forbidden = ("zmq", "fastapi", "uvicorn", "aiohttp", "asyncio", "sglang_pd.engine.engine_core",
-                 "sglang_pd.engine.scheduler", "sglang_pd.engine.engine_process", "sglang_pd.frontend",
+                 "sglang_pd.core.scheduler", "sglang_pd.engine.engine_process", "sglang_pd.frontend",
                  "sglang_pd.entrypoints", "sglang_pd.scheduling", "sglang_pd.disaggregation")
     assert _violations(PKG / "models", forbidden) == []
 

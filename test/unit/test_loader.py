@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model_helpers import PagedRequests, build_tiny_models, make_pool
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
-from sglang_pd.engine.forward_batch import ForwardMode
 from sglang_pd.models import load_model
 from sglang_pd.models.config import ModelConfig
 from sglang_pd.tools.make_dummy_config import PRESETS, make_dummy_config

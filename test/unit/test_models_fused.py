@@ -22,8 +22,8 @@ pytest.importorskip("triton", reason="triton not installed (pip install triton: 
 
 from model_helpers import TINY_ARCHS, PagedRequests, build_tiny_models, make_pool  # noqa: E402
 from sgl_pd_kernel import triton_fused  # noqa: E402
+from sglang_pd.core.step import ForwardMode  # noqa: E402
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend  # noqa: E402
-from sglang_pd.engine.forward_batch import ForwardMode  # noqa: E402
 from sglang_pd.models import load_model  # noqa: E402
 from sglang_pd.models.fused import FUSED_ENV, fused_kernels_on  # noqa: E402
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from model_helpers import TINY_ARCHS, PagedRequests, build_tiny_models, make_pool
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
-from sglang_pd.engine.forward_batch import ForwardMode
 from sglang_pd.models import load_model
 
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_pd.engine.page_allocator import OutOfPages, PageAllocator
+from sglang_pd.core.page_allocator import OutOfPages, PageAllocator
 
 
 def test_alloc_free_roundtrip_keeps_dummy_page_out() -> None:

@@ -11,14 +11,15 @@ from typing import Callable
 import pytest
 import torch
 
+from sglang_pd.core.page_allocator import PageAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ReqState
 from sglang_pd.disaggregation.decode_manager import KVReceiverManager
 from sglang_pd.disaggregation.envs import DisaggEnvs
 from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
-from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.pd import DecodeSide, NullPD, PDHooks, PrefillSide
-from sglang_pd.engine.request import Req, ReqState
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.engine.request import Req
 from sglang_pd.protocol import BootstrapInfo, EngineStats, GenerateReq, SamplingParams
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
@@ -287,7 +288,7 @@ def test_decode_respects_max_running_requests(pair) -> None:
 
 # ---------------------------------------------------------------- prefill's bootstrap queue
 # A PD request is schedulable on prefill only once decode registered its destination pages
-# (engine/pd_rules.py: prefill_schedulable): no hold-and-wait with decode's FIFO pre-allocation.
+# (core/pd_rules.py: prefill_schedulable): no hold-and-wait with decode's FIFO pre-allocation.
 
 
 def test_prefill_schedules_only_after_decode_registers(pair) -> None:

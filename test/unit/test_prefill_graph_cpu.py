@@ -13,15 +13,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
-from sglang_pd.engine.forward_batch import ForwardMode
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.prefill_graph import (PrefillGraphRunner, prefill_graph_reserve_bytes,
                                             short_prefill_graph_grid)
+from sglang_pd.core.step import BucketGrid
 from sglang_pd.engine.request import Req
 from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import SamplingParams
-from sglang_pd.scheduling.step import BucketGrid
 from sglang_pd.server_args import ServerArgs
 
 try:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from policy_helpers import CountingKV, FakeReq
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
@@ -18,7 +19,6 @@ from sglang_pd.scheduling.prefill.edf import EdfPrefillPolicy
 from sglang_pd.scheduling.prefill.kairos_plus import KairosPlusPrefillPolicy
 from sglang_pd.scheduling.prefill.lars import LarsPrefillPolicy
 from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.types import PrefillBudget
 from sglang_pd.sim.request import SimReq
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from sglang_pd.engine.forward_batch import ForwardMode
-from sglang_pd.engine.page_allocator import PageAllocator
+from sglang_pd.core.page_allocator import PageAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.request import Req
-from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import SamplingParams
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy

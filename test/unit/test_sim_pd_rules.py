@@ -1,4 +1,4 @@
-"""The simulator's PD rules are the engine's (issue 16, interface 3): engine/pd_rules.py is the
+"""The simulator's PD rules are the engine's (issue 16, interface 3): core/pd_rules.py is the
 one definition, and the engine's DecodeSide and the simulator's decode instance, fed the same
 requests and pool, pre-allocate the same requests in the same order. A prefill instance
 schedules a PD request only once its decode has pre-allocated (no hold-and-wait)."""
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pd.engine.page_allocator import CountingAllocator
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.pd_rules import decode_admits, prefill_schedulable, whole_prompt_pages
+from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.engine.pd import DecodeSide
-from sglang_pd.engine.pd_rules import decode_admits, prefill_schedulable, whole_prompt_pages
-from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from policy_helpers import CountingKV
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.scheduler import Scheduler
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.common import Order, Queue, fcfs_finish, walk
 from sglang_pd.scheduling.prefill.kairos_plus import RESCUING, URGENT, KairosPlusPrefillPolicy
 from sglang_pd.scheduling.prefill.order import first_of
 from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.scheduling.types import PrefillBudget
 from sglang_pd.scheduling.waiting import WaitingQueue
 from sglang_pd.sim.request import SimReq

@@ -11,8 +11,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
-from sglang_pd.engine.forward_batch import ForwardMode
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.warmup import warm_up, warmup_shapes

@@ -1,6 +1,13 @@
 """Torch-free scheduling mechanism shared by the engine and the simulator (DESIGN.md section 1).
 
-Issue 28 item 4 moves ``engine/scheduler.py``, the page allocators, ``pd_rules`` and the load
-signals here; until then this package holds the new torch-free pieces: the progress rule
-(``progress.py``) and the livelock detector the engine's watchdog reads (``watchdog.py``).
+No torch and no I/O here (test/unit/test_import_rules.py checks it), so the simulator and the
+scheduler benchmarks drive exactly the code the engine runs without importing ``engine/``:
+
+- ``step.py``: the one definition of a step (ForwardMode, ReqState, StepShape, StepProfile,
+  BucketGrid).
+- ``scheduler.py``: the Scheduler (queues, admission, chunking, preemption).
+- ``page_allocator.py``: KV page allocators (PageAllocator, CountingAllocator).
+- ``pd_rules.py``: the PD rules both sides apply (whole-prompt pages, decode admission).
+- ``load_signals.py``: per-class load figures the engine reports to the router.
+- ``progress.py``: the progress rule; ``watchdog.py``: the livelock detector.
 """

@@ -1,6 +1,6 @@
 """The progress rule: what the scheduling mechanism promises whatever a prefill policy ranks.
 
-Policies rank; the mechanism (``engine/scheduler.py: Scheduler``) makes sure the ranking cannot
+Policies rank; the mechanism (``core/scheduler.py: Scheduler``) makes sure the ranking cannot
 stop the engine. Issue 28 found the failure this rule closes: a newer, higher-ranked request
 took the pages an older partial prefill needed for its last chunk, the KV refusal ended the
 step, and ``unblock`` threw away the newer partial, which the policy ranked first again: both

@@ -84,7 +84,7 @@ class KVSenderManager:
         self._closed: OrderedDict[int, str] = OrderedDict()
         self._abandoned: set[int] = set()  # closed rooms with a write that may still land
         # expected rooms whose decode registered since take_registered(): the engine makes
-        # their requests schedulable (engine/pd_rules.py: prefill_schedulable)
+        # their requests schedulable (core/pd_rules.py: prefill_schedulable)
         self._registered: list[int] = []
 
     def _room(self, room: int, now: float) -> _Room:

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.base import AttentionBackend
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.models.config import ModelConfig
 

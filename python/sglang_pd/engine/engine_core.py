@@ -15,32 +15,32 @@ from typing import Callable
 
 import torch
 
+from sglang_pd.core.load_signals import LoadTracker, class_queues, short_threshold
+from sglang_pd.core.page_allocator import PageAllocator
+from sglang_pd.core.pd_rules import whole_prompt_pages
+from sglang_pd.core.scheduler import Scheduler, ScheduledStep
+from sglang_pd.core.step import ForwardMode, ReqState, StepProfile
 from sglang_pd.core.watchdog import LivelockDetector
 from sglang_pd.engine.attention import create_attention_backend
-from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
-from sglang_pd.engine.forward_timer import ForwardTimer
-from sglang_pd.engine.warmup import warm_up
 from sglang_pd.engine.cpu_tuning import tune_allocator
+from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.forward_batch import ForwardBatch
+from sglang_pd.engine.forward_timer import ForwardTimer
 from sglang_pd.engine.kv_pool import KVPool
-from sglang_pd.engine.load_signals import LoadTracker, class_queues, short_threshold
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
-from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
-from sglang_pd.engine.page_allocator import PageAllocator
 from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
-from sglang_pd.engine.pd_rules import whole_prompt_pages
-from sglang_pd.engine.request import Req, ReqState
+from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
+from sglang_pd.engine.request import Req
 from sglang_pd.engine.sampler import sample
-from sglang_pd.engine.scheduler import Scheduler, ScheduledStep
 from sglang_pd.engine.stop import StopChecker
+from sglang_pd.engine.warmup import warm_up
 from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import (
     EngineReady, EngineStats, GenerateReq, ReqOutput, StepSamples, TokenLogprob,
 )
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
             create_decode_policy(args.decode_policy, cfg_p),
-            whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # engine/pd_rules.py
+            whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # core/pd_rules.py
         )
         self.eos_ids = list(cfg.eos_token_ids)
         self.stop_checker = StopChecker(
@@ -403,7 +403,7 @@ class EngineCore:
         )
 
     def _class_stats(self, now: float) -> dict[str, str | int | float]:
-        """Per-class queues, SLO deviation, role and busy share (engine/load_signals.py)."""
+        """Per-class queues, SLO deviation, role and busy share (core/load_signals.py)."""
         sched, loads = self.scheduler, self.loads
         threshold = short_threshold(sched.prefill_policy, sched.cfg)
         return dict(prefill_role=getattr(sched.prefill_policy, "role", sched.cfg.prefill_role),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sglang_pd.scheduling.step import ForwardMode  # torch-free home; re-exported here
+from sglang_pd.core.step import ForwardMode  # the one definition (torch-free)
 
 if TYPE_CHECKING:
     from sglang_pd.engine.attention.base import AttentionBackend

@@ -9,13 +9,13 @@ from typing import Sequence
 
 import torch
 
+from sglang_pd.core.step import BucketGrid, ForwardMode
 from sglang_pd.engine.attention.base import AttentionBackend
 from sglang_pd.engine.cuda_graph import CudaGraphRunner, HostStaging
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.prefill_graph import PrefillGraphRunner
 from sglang_pd.engine.request import Req
-from sglang_pd.scheduling.step import BucketGrid
 
 
 class ModelRunner:

@@ -6,7 +6,7 @@ get their transfer managers injected, so unit tests run them over ``FakeKVTransp
 
 PrefillSide (``--mode prefill``): a request must carry bootstrap_host/port/room. It waits parked
 without pages ("bootstrapping", not seen by the prefill policy) until its decode has registered
-destination pages for its room, then joins the waiting queue (engine/pd_rules.py:
+destination pages for its room, then joins the waiting queue (core/pd_rules.py:
 prefill_schedulable; this removes the PD hold-and-wait with decode's FIFO pre-allocation). Its
 prompt's pages are allocated whole at its first chunk (decode pre-allocates the same number), every
 finished chunk's pages are written into decode's pages over NIXL while the next chunk computes,
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import msgspec
 
+from sglang_pd.core.pd_rules import decode_admits, pages_for, prefill_schedulable
+from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.disaggregation.state import Failure, RoomUpdate
-from sglang_pd.engine.pd_rules import decode_admits, pages_for, prefill_schedulable
 from sglang_pd.engine.request import Req
-from sglang_pd.engine.scheduler import Scheduler
 from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
 
 if TYPE_CHECKING:
@@ -361,7 +361,7 @@ class DecodeSide:
             need = pages_for(req.prompt_len, self.core.page_size)
             if not decode_admits(len(sched.running), len(self.transferring), self.max_running, need,
                                  self.reserved_pages, alloc.num_free):
-                return  # FIFO: the head waits, and everything behind it (engine/pd_rules.py)
+                return  # FIFO: the head waits, and everything behind it (core/pd_rules.py)
             self.prealloc.popleft()
             sched.park(req, num_pages=need)
             self.transferring[req.bootstrap_room] = req

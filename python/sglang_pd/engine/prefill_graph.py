@@ -1,7 +1,7 @@
 """Short-prefill CUDA graphs on the AWD bucket grid (PLA-Serve section 3.1).
 
 A short-queue step of B' <= B new prompts of at most L tokens each runs as the captured (L, B)
-bucket of ``--short-prefill-buckets`` (scheduling/step.py BucketGrid, the one definition): B
+bucket of ``--short-prefill-buckets`` (core/step.py BucketGrid, the one definition): B
 rows of exactly L token slots. Real tokens go to row b, column position (no cached prefix, so
 a token's position is its index in its row); every other slot is padding that reads token 0 at
 position 0 and writes KV slot 0, inside dummy page 0, where the capturable backends' store drops
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_pd.core.step import BucketGrid, ForwardMode
 from sglang_pd.engine.attention.base import AttentionBackend
 from sglang_pd.engine.cuda_graph import warm_on_side_stream
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.models.config import ModelConfig
-from sglang_pd.scheduling.step import BucketGrid
 
 if TYPE_CHECKING:
     from sglang_pd.server_args import ServerArgs

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from sglang_pd.core.step import ReqState  # the one definition (torch-free)
 from sglang_pd.protocol import GenerateReq, SamplingParams
-from sglang_pd.scheduling.step import ReqState  # torch-free home; re-exported here
 
 # a frontend arrival older than this is a clock problem, not a queue: cap what it may claim
 MAX_FRONTEND_AGE_S = 3600.0

@@ -19,7 +19,9 @@ import time
 
 import torch
 
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.core.step import ForwardMode
+
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)

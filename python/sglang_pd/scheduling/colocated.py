@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import math
 
+from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.chunking import largest_chunk
-from sglang_pd.scheduling.step import ForwardMode, StepProfile
 
 PREFILL_SHARE = 1.5  # without a TPOT target: B = this x the decode step time
 MIN_BUDGET_S = 2e-3  # an SLO tighter than the decode step itself still lets prefill move

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_pd.scheduling.step import BucketGrid
+from sglang_pd.core.step import BucketGrid
 
 SERVER_ROLES = ("colocated", "prefill", "decode")
 PREFILL_ROLES = ("both", "short", "long")  # which prefill class an instance serves first

@@ -53,9 +53,9 @@ from typing import Iterable, Sequence
 import msgspec
 import numpy as np
 
+from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.profile import Profile, load_profile
-from sglang_pd.scheduling.step import ForwardMode, StepProfile
 
 _NF = 5  # features: launch (1), per request (B), attention (sum L(L+2H)), new tokens (L), context (H)
 _SCALE = (1.0, 1.0, 1e-6, 1e-3, 1e-3)  # feature scaling so the normal equations are near unit size

@@ -43,9 +43,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.profile import DecodeGrid, Profile, load_profile
-from sglang_pd.scheduling.step import ForwardMode, StepProfile
 
 _FLOOR_S = 1e-5  # no step is predicted faster than this (extrapolation can go below 0)
 CONTEXT_KEYS = ("total", "mean", "max")

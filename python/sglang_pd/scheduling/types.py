@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, TypeVar, runtime_checkable
 
+from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
-from sglang_pd.scheduling.step import StepProfile
 
 
 @runtime_checkable

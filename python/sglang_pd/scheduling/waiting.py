@@ -13,7 +13,7 @@ decreasing arrivals (``ordered``, ``distinct``), kept as requests come and go, s
 times can skip their tie pass. ``scheduling/prefill/order.py: Queue`` reads these columns instead
 of the requests.
 
-Who keeps them right: the owner of the queue (``engine/scheduler.py: Scheduler``) adds and
+Who keeps them right: the owner of the queue (``core/scheduler.py: Scheduler``) adds and
 removes requests only through the list methods below, which update the columns of the requests
 concerned, and calls ``refresh(req)`` after it changes a waiting request's numbers (a chunk
 extended, a partial prefill released). A request's numbers must not change behind its back while

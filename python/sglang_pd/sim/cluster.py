@@ -5,7 +5,7 @@ Time advances from event to event (a heap); an idle instance with work starts it
 at once, as the engine's loop does. A PD request is routed at arrival to one prefill and one
 decode instance (as the PD router does): decode parks it for pre-allocation (FIFO), prefill
 holds it aside until that pre-allocation (its Register) and only then queues it
-(engine/pd_rules.py: prefill_schedulable, so no hold-and-wait between the two); the transfer
+(core/pd_rules.py: prefill_schedulable, so no hold-and-wait between the two); the transfer
 streams from the first chunk (sim/transfer.py) and its end is the first token (the decode
 engine flushes first tokens as their KV arrives). Colocated instances do both.
 
@@ -30,9 +30,9 @@ from sglang_pd_router.controller import ControllerConfig, InstanceSignals, PoolC
 from sglang_pd_router.policies import (RouteRequest, RoutingConfig, WorkerView, classify_length,
                                        create_routing_policy)
 
-from sglang_pd.engine.pd_rules import pages_for
+from sglang_pd.core.pd_rules import pages_for
+from sglang_pd.core.step import ReqState
 from sglang_pd.scheduling.config import PolicyConfig
-from sglang_pd.scheduling.step import ReqState
 from sglang_pd.sim.instance import ClusterReq, Instance, Track
 from sglang_pd.sim.prefix_cache import PrefixCache
 from sglang_pd.sim.profiles import StepCost

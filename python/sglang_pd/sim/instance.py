@@ -4,7 +4,7 @@
 The engine's step (engine_core.py) is mirrored here without a model: ``schedule`` -> the step
 takes ``StepCost.step_s`` -> ``after_extend`` / ``after_decode`` -> tokens counted ->
 ``observe(profile, elapsed)``; nothing scheduled with work queued -> ``unblock``. PD rules come
-from engine/pd_rules.py, as in engine/pd.py: a PD request joins a prefill instance's waiting
+from core/pd_rules.py, as in engine/pd.py: a PD request joins a prefill instance's waiting
 queue only once its decode instance has pre-allocated its pages (until then it is held in
 ``bootstrapping``), prefill allocates whole-prompt pages and parks a request after its first
 token until its KV transfer ends; decode pre-allocates in FIFO order.
@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sglang_pd.engine.load_signals import LoadTracker, short_threshold
-from sglang_pd.engine.page_allocator import CountingAllocator
-from sglang_pd.engine.pd_rules import decode_admits, pages_for, prefill_schedulable, whole_prompt_pages
-from sglang_pd.engine.scheduler import ScheduledStep, Scheduler
+from sglang_pd.core.load_signals import LoadTracker, short_threshold
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.pd_rules import decode_admits, pages_for, prefill_schedulable, whole_prompt_pages
+from sglang_pd.core.scheduler import ScheduledStep, Scheduler
+from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
-from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.sim.prefix_cache import PrefixCache
 from sglang_pd.sim.profiles import ExactDecode, StepCost
 from sglang_pd.sim.request import SimReq

@@ -29,11 +29,11 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from sglang_pd.engine.scheduler import ScheduledStep
+from sglang_pd.core.scheduler import ScheduledStep
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.decode_cost_model import DecodeCostModel
 from sglang_pd.scheduling.profile import DecodeGrid, Profile, load_profile
-from sglang_pd.scheduling.step import ForwardMode
 from sglang_pd.sim.hardware import HardwareSpec, ModelShape, hardware_spec, model_shape
 
 PREFILL_OVERHEAD_S = 3e-3  # assumption: scheduling + launches of one prefill forward

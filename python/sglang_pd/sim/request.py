@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_pd.scheduling.step import ReqState
+from sglang_pd.core.step import ReqState
 
 
 @dataclass(eq=False)  # hashed by identity, as the engine's Req

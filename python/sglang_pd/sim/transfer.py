@@ -6,7 +6,7 @@ figures: docs/disaggregation.md; GPU clusters: RDMA ~25-50 GB/s per pair, NVLink
 
 Streaming (as the engine: every finished chunk is written while the next one computes): the
 sending starts when the first chunk is done and decode has registered its pages, whichever is
-later (a prefill schedules a PD request only after decode registered, engine/pd_rules.py, so
+later (a prefill schedules a PD request only after decode registered, core/pd_rules.py, so
 that is the first chunk), and cannot end before the last chunk's bytes have crossed the link
 after the prefill ends. Links are dedicated per prefill-decode pair (no contention): an assumption.
 """

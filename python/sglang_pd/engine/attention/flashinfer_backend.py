@@ -26,7 +26,8 @@ from sgl_pd_kernel import triton_attention as kernels
 from sglang_pd.engine.attention.base import AttentionBackend
 from sglang_pd.engine.attention.paged_index import (PagedPlanInputs, paged_plan_inputs,
                                                     use_tensor_cores)
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.core.step import ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 
 WORKSPACE_BYTES = 128 << 20
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.base import AttentionBackend
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 
 EXTEND_STRATEGIES: tuple[str, ...] = ("auto", "padded", "loop")
 PAD_WASTE_LIMIT = 2.0  # "auto": pad while padded area <= this x the real (queries x keys) area

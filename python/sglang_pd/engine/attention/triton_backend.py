@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from sgl_pd_kernel import triton_attention as kernels
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.attention.base import AttentionBackend
-from sglang_pd.engine.forward_batch import ForwardBatch, ForwardMode
+from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 
 

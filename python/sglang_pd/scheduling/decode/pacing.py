@@ -25,9 +25,9 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Sequence
 
+from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode_cost_model import DecodeCostModel
-from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import DecodePolicy, R, SchedReq
 
 

@@ -47,10 +47,10 @@ from typing import Sequence
 
 import numpy as np
 
+from sglang_pd.core.step import BucketGrid
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.common import Queue
-from sglang_pd.scheduling.step import BucketGrid
 from sglang_pd.scheduling.types import R
 
 RATE_WINDOW = 32

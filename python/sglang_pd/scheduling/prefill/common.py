@@ -34,13 +34,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
 from sglang_pd.scheduling.prefill.order import Order, Queue, stable_order
 from sglang_pd.scheduling.prefill.threshold import ShortThreshold
 from sglang_pd.scheduling.prefill.walk import Cut, walk
-from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
 __all__ = ["DeadlinePolicy", "Order", "Queue", "fcfs_finish", "fcfs_finish_array", "stable_order", "walk"]

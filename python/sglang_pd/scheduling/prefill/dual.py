@@ -33,13 +33,13 @@ from typing import Sequence
 
 import numpy as np
 
+from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher, AwdDecision
 from sglang_pd.scheduling.prefill.chunking import MIN_CHUNK, largest_chunk
 from sglang_pd.scheduling.prefill.common import Queue
 from sglang_pd.scheduling.prefill.threshold import ShortThreshold
-from sglang_pd.scheduling.step import StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
 

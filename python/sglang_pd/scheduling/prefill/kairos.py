@@ -46,10 +46,10 @@ from typing import Sequence
 
 import numpy as np
 
+from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Order, Queue, fcfs_finish_array
-from sglang_pd.scheduling.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 MU_WINDOW = 64  # EXTEND steps in the running throughput

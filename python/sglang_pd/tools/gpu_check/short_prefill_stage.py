@@ -31,9 +31,9 @@ def built() -> str | None:
 def build(ctx: Ctx, buckets: list[tuple[int, int]]) -> tuple[Any, Any]:
     """An engine without graphs of its own (its runner's forward is the eager path) and a
     prefill graph runner over the grid spanned by ``buckets``, captured."""
+    from sglang_pd.core.step import BucketGrid
     from sglang_pd.engine.engine_core import EngineCore
     from sglang_pd.engine.prefill_graph import PrefillGraphRunner
-    from sglang_pd.scheduling.step import BucketGrid
     from sglang_pd.server_args import ServerArgs
     from sglang_pd.tools.gpu_check.llama_shape import PAGE
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from sglang_pd.core.page_allocator import Allocator
 from sglang_pd.core.progress import pick_victim, remaining_pages, reserved_pages
-from sglang_pd.engine.page_allocator import Allocator
+from sglang_pd.core.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.colocated import ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
-from sglang_pd.scheduling.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
 
