@@ -9,6 +9,7 @@ the decode server's response is the client's answer, the prefill's carries the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -20,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -346,6 +347,23 @@ def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ..
 # our router's admin API (/workers) is off without an admin key: tests give this one
 ROUTER_ADMIN_KEY = "test-admin"
 ROUTER_ADMIN_HEADERS = {"Authorization": f"Bearer {ROUTER_ADMIN_KEY}"}
+
+
+@contextlib.contextmanager
+def routed_cluster(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ...]],
+                   n_decode: int, router_flags: tuple[str, ...] = (),
+                   env: dict[str, str] | None = None
+                   ) -> Iterator[tuple[RouterHandle, list[Prefill], list[ServerHandle]]]:
+    """start_mixed's servers behind our router; router and servers stopped on the way out."""
+    prefills, decodes = start_mixed(model_dir, log_dir, prefill_flags, n_decode, env=env)
+    router = None
+    try:
+        router = start_pd_router(prefills, decodes, log_dir, *router_flags)
+        yield router, prefills, decodes
+    finally:
+        if router is not None:
+            router.stop()
+        stop_all(prefills, decodes)
 
 
 def start_pd_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: Path,

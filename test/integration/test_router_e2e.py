@@ -14,9 +14,7 @@ from pd_utils import (
     read_sse_events,
     load,
     metric_value,
-    start_mixed,
-    start_pd_router,
-    stop_all,
+    routed_cluster,
     wait_free_pages,
 )
 
@@ -40,16 +38,9 @@ CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8, "t
 def routed(tiny_model_dir, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("pd-router-logs")
     role = ("--short-prefill-threshold", str(THRESHOLD), "--prefill-role")
-    prefills, decodes = start_mixed(tiny_model_dir, log_dir, [(*role, "short"), (*role, "long")], 1)
-    router = None
-    try:
-        router = start_pd_router(prefills, decodes, log_dir, "--tokenizer-path", tiny_model_dir,
-                                 "--pool-controller", "off")
-        yield router, prefills, decodes
-    finally:
-        if router is not None:
-            router.stop()
-        stop_all(prefills, decodes)
+    with routed_cluster(tiny_model_dir, log_dir, [(*role, "short"), (*role, "long")], 1,
+                        ("--tokenizer-path", tiny_model_dir, "--pool-controller", "off")) as c:
+        yield c
 
 
 def test_outputs_equal_colocated_and_short_prompts_stay_in_the_short_pool(routed,

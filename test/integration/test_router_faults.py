@@ -17,9 +17,7 @@ from pd_utils import (
     async_client,
     kill_server,
     load,
-    start_mixed,
-    start_pd_router,
-    stop_all,
+    routed_cluster,
     wait_until,
 )
 
@@ -37,20 +35,13 @@ BOUND_S = 60.0  # every request ends within this (the router's own timeout is 45
 
 @pytest.fixture
 def cluster(tiny_model_dir, tmp_path):
-    prefills, decodes = start_mixed(tiny_model_dir, tmp_path, [PREFILL_FLAGS, PREFILL_FLAGS], 2,
-                                    env=FAST_FAULT_ENV)
-    router = None
-    try:
-        router = start_pd_router(prefills, decodes, tmp_path, "--prefill-policy", "round_robin",
-                                 "--decode-policy", "round_robin", "--pool-controller", "off",
-                                 "--health-check-interval-secs", "0.5",
-                                 "--health-failure-threshold", "1",
-                                 "--request-timeout-secs", "45", "--retry-max-retries", "3")
-        yield router, prefills, decodes
-    finally:
-        if router is not None:
-            router.stop()
-        stop_all(prefills, decodes)
+    flags = ("--prefill-policy", "round_robin", "--decode-policy", "round_robin",
+             "--pool-controller", "off", "--health-check-interval-secs", "0.5",
+             "--health-failure-threshold", "1", "--request-timeout-secs", "45",
+             "--retry-max-retries", "3")
+    with routed_cluster(tiny_model_dir, tmp_path, [PREFILL_FLAGS, PREFILL_FLAGS], 2, flags,
+                        env=FAST_FAULT_ENV) as c:
+        yield c
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[str, object]:

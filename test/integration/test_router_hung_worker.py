@@ -12,8 +12,7 @@ import time
 import httpx
 import pytest
 
-from pd_utils import (ROUTER_ADMIN_HEADERS, _descendants, async_client, start_mixed,
-                      start_pd_router, stop_all, wait_until)
+from pd_utils import ROUTER_ADMIN_HEADERS, _descendants, async_client, routed_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,23 +23,16 @@ SAMPLING = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture
 def cluster(tiny_model_dir, tmp_path):
-    prefills, decodes = start_mixed(tiny_model_dir, tmp_path, [()], 2)
-    router = None
-    try:
-        router = start_pd_router(prefills, decodes, tmp_path, "--decode-policy", "round_robin",
-                                 "--pool-controller", "off",
-                                 "--kv-deadline-secs", str(DEADLINE_S),
-                                 "--first-byte-timeout-secs", str(DEADLINE_S),
-                                 "--health-check-interval-secs", "1",
-                                 "--health-check-timeout-secs", "1",
-                                 "--health-failure-threshold", "2")
-        yield router, prefills, decodes
-    finally:
-        for d in decodes:
-            _signal_tree(d.proc.pid, signal.SIGCONT)
-        if router is not None:
-            router.stop()
-        stop_all(prefills, decodes)
+    flags = ("--decode-policy", "round_robin", "--pool-controller", "off",
+             "--kv-deadline-secs", str(DEADLINE_S), "--first-byte-timeout-secs", str(DEADLINE_S),
+             "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+             "--health-failure-threshold", "2")
+    with routed_cluster(tiny_model_dir, tmp_path, [()], 2, flags) as (router, prefills, decodes):
+        try:
+            yield router, prefills, decodes
+        finally:  # a stopped decode must run again to drain
+            for d in decodes:
+                _signal_tree(d.proc.pid, signal.SIGCONT)
 
 
 def _signal_tree(pid: int, sig: int) -> None:

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from pd_utils import async_client, kill_server, start_mixed, start_pd_router, stop_all
+from pd_utils import async_client, kill_server, routed_cluster
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -23,18 +23,11 @@ BODIES = [{"input_ids": [3 + (j * (37 + i)) % 900 for j in range(24 + i)],
 
 @pytest.fixture
 def cluster(tiny_model_dir, tmp_path):
-    prefills, decodes = start_mixed(tiny_model_dir, tmp_path, [()], 2)
-    router = None
-    try:
-        router = start_pd_router(prefills, decodes, tmp_path, "--decode-policy", "round_robin",
-                                 "--pool-controller", "off", "--health-check-interval-secs", "0.5",
-                                 "--health-failure-threshold", "1", "--max-migrations", "2",
-                                 "--request-timeout-secs", "120")
-        yield router, prefills, decodes
-    finally:
-        if router is not None:
-            router.stop()
-        stop_all(prefills, decodes)
+    flags = ("--decode-policy", "round_robin", "--pool-controller", "off",
+             "--health-check-interval-secs", "0.5", "--health-failure-threshold", "1",
+             "--max-migrations", "2", "--request-timeout-secs", "120")
+    with routed_cluster(tiny_model_dir, tmp_path, [()], 2, flags) as c:
+        yield c
 
 
 async def _stream(client: httpx.AsyncClient, url: str, body: dict, seen: list[int], i: int
