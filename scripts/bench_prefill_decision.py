@@ -26,17 +26,17 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.core.page_allocator import CountingAllocator  # noqa: E402
-from sglang_pd.core.scheduler import Scheduler  # noqa: E402
-from sglang_pd.scheduling.config import PolicyConfig  # noqa: E402
-from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy  # noqa: E402
-from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy  # noqa: E402
-from sglang_pd.scheduling.types import PrefillBudget  # noqa: E402
-from sglang_pd.sim.request import SimReq  # noqa: E402
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
+from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy
+from sglang_pd.scheduling.types import PrefillBudget
+from sglang_pd.sim.request import SimReq
 
 
 class AdmitAll:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.core.page_allocator import CountingAllocator  # noqa: E402
-from sglang_pd.core.scheduler import Scheduler  # noqa: E402
-from sglang_pd.core.step import ForwardMode  # noqa: E402
-from sglang_pd.scheduling.config import PolicyConfig  # noqa: E402
-from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy  # noqa: E402
-from sglang_pd.sim.request import SimReq  # noqa: E402
+from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.core.step import ForwardMode
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
+from sglang_pd.sim.request import SimReq
 
 
 def run(num_requests: int, num_pages: int, seed: int, prefill: str, decode: str) -> dict:

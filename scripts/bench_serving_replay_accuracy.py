@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.bench.app import run_benchmark  # noqa: E402
-from sglang_pd.bench.cli import build_parser  # noqa: E402
-from sglang_pd.bench.runner import sleep_until  # noqa: E402
-from sglang_pd.bench.stub_harness import running_stub  # noqa: E402
-from sglang_pd.bench.traces import load_trace  # noqa: E402
+from sglang_pd.bench.app import run_benchmark
+from sglang_pd.bench.cli import build_parser
+from sglang_pd.bench.runner import sleep_until
+from sglang_pd.bench.stub_harness import running_stub
+from sglang_pd.bench.traces import load_trace
 
 
 def _baseline(trace: str, n: int, scale: float) -> str:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.bench.app import run_benchmark  # noqa: E402
-from sglang_pd.bench.cli import build_parser  # noqa: E402
-from sglang_pd.bench.stub_harness import running_stub  # noqa: E402
+from sglang_pd.bench.app import run_benchmark
+from sglang_pd.bench.cli import build_parser
+from sglang_pd.bench.stub_harness import running_stub
 
 WORKLOAD = [
     "--dataset-name",

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_procs import free_port, stop, wait_healthy  # noqa: E402
+from server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -93,7 +93,7 @@ def main() -> None:
             res = run_one(policy, queues, model_dir, log_dir, args)
             o, n = res.get("older", ("-", 0.0)), res.get("newer", ("-", 0.0))
             bad += o[0] != 200 or n[0] != 200
-            print(f"{policy:10} {queues:7} {str(o[0]):>6} {o[1]:6.2f} s {str(n[0]):>6} {n[1]:6.2f} s", flush=True)
+            print(f"{policy:10} {queues:7} {o[0]!s:>6} {o[1]:6.2f} s {n[0]!s:>6} {n[1]:6.2f} s", flush=True)
     print(f"logs: {log_dir}")
     sys.exit(1 if bad else 0)
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from server_utils import ServerHandle, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from check_components import COMPONENTS, SKIP_WORDS, missing, parse_names  # noqa: E402
+from check_components import COMPONENTS, SKIP_WORDS, missing, parse_names
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")

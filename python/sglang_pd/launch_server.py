@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import uvicorn
 

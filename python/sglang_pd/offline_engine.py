@@ -82,7 +82,7 @@ class Engine:
             self.core.close()  # PD mode: NIXL agent and bootstrap sockets
             self.core = None
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:

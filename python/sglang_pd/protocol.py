@@ -9,7 +9,6 @@ Decoding uses the tagged unions ``ToEngine`` / ``FromEngine``.
 from __future__ import annotations
 
 import math
-from typing import Union
 
 import msgspec
 
@@ -231,8 +230,8 @@ class EngineReady(msgspec.Struct):
     disaggregation_mode: str = "colocated"
 
 
-ToEngine = Union[GenerateReq, AbortReq, ControlReq]
-FromEngine = Union[BatchOut, ControlResp]
+ToEngine = GenerateReq | AbortReq | ControlReq
+FromEngine = BatchOut | ControlResp
 
 _encoder = msgspec.msgpack.Encoder()
 _to_engine = msgspec.msgpack.Decoder(ToEngine)

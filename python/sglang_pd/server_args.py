@@ -295,7 +295,7 @@ class ServerArgs:
         p("--num-reserved-decode-tokens", type=int, default=d.num_reserved_decode_tokens)
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
         if kwargs.get("dtype") == "half":

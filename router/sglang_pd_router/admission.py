@@ -4,7 +4,7 @@ one, or is refused at once (503) rather than piling up."""
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 
 class QueueFull(Exception):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 MANAGED_ROLES = ("short", "long")
 
@@ -94,7 +94,7 @@ class ControllerConfig:
             raise ValueError(f"percentile must be in (0, 100], got {self.percentile}")
 
     @classmethod
-    def as_written(cls, **overrides: float) -> "ControllerConfig":
+    def as_written(cls, **overrides: float) -> ControllerConfig:
         """Alg. 2's sign for utilisation (psi = a q + b e - g u)."""
         overrides.setdefault("gamma", -0.5)
         return cls(**overrides)  # type: ignore[arg-type]

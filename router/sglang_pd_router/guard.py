@@ -9,7 +9,8 @@ import hmac
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -63,7 +64,7 @@ class RateLimitedLog:
         self._last[key] = now
         dropped = self._dropped.pop(key, 0)
         suffix = f" ({dropped} like it dropped in the last {self.period_s:g}s)" if dropped else ""
-        self.log.log(level, msg + suffix, *args)
+        self.log.log(level, msg + suffix, *args)  # noqa: G003 (msg is the caller's %-format)
 
 
 def _key_ok(request: web.Request, keys: tuple[str, ...]) -> bool:

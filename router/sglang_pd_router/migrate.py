@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -43,7 +44,7 @@ class Resume:
 
     @staticmethod
     def for_request(path: str, body: dict[str, Any], stream: bool, limit: int
-                    ) -> "Resume | None":
+                    ) -> Resume | None:
         ids = body.get("input_ids")
         if limit < 1 or not stream or path != "/generate" or not isinstance(ids, list) \
                 or not ids or not all(type(t) is int for t in ids):

@@ -7,7 +7,8 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -122,10 +123,10 @@ class WorkerMonitor:
         threshold = info.get("short_prefill_threshold")
         if isinstance(threshold, str) and threshold.isdigit():  # ServerArgs keeps N|auto text
             threshold = int(threshold)
-        if isinstance(threshold, int) and not isinstance(threshold, bool) and threshold > 0:
-            if threshold != worker.threshold:
-                worker.threshold = threshold
-                self._update_threshold()
+        if isinstance(threshold, int) and not isinstance(threshold, bool) and threshold > 0 \
+                and threshold != worker.threshold:
+            worker.threshold = threshold
+            self._update_threshold()
 
     def _update_threshold(self) -> None:
         reported = [w.threshold for w in self.registry.by_kind["prefill"] if w.threshold]

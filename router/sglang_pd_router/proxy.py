@@ -19,7 +19,8 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -164,7 +165,7 @@ class Dispatcher:
                         body: dict[str, Any], headers: dict[str, str], route_req: RouteRequest,
                         stream: bool, t_arrival: float, on_first_send: Callable[[float], None],
                         resume: Resume | None, handoff: bool = False,
-                        avoid: set[str] | None = None) -> "web.StreamResponse | _Handoff":
+                        avoid: set[str] | None = None) -> web.StreamResponse | _Handoff:
         """Tries pairs until one answers (or hands its open decode stream over, for a
         migration), with backoff and retries."""
         cls = route_req.request_class
@@ -221,7 +222,7 @@ class Dispatcher:
                         headers: dict[str, str], route_req: RouteRequest, stream: bool,
                         prefill: Worker, decode: Worker, body: dict[str, Any],
                         resume: Resume | None = None, handoff: bool = False
-                        ) -> "web.StreamResponse | _AttemptError | _Handoff":
+                        ) -> web.StreamResponse | _AttemptError | _Handoff:
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
         loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
         p_task = loop.create_task(self._prefill_leg(prefill, path, data, headers, tokens))
@@ -289,7 +290,7 @@ class Dispatcher:
 
     async def _await_decode_head(self, p_task: asyncio.Future, d_task: asyncio.Future,
                                  down: asyncio.Future, prefill: Worker, decode: Worker,
-                                 stream: bool) -> "_AttemptError | None":
+                                 stream: bool) -> _AttemptError | None:
         """Wait for decode's first byte with the legs' liveness checks: the prefill's answer
         (its KV sent) by ``kv_deadline_s``, then a streamed decode's first byte by
         ``first_byte_timeout_s``. At a deadline the workers are probed: a silent one fails
@@ -338,7 +339,7 @@ class Dispatcher:
                                      else self.kv_deadline_s)
         return None
 
-    def _decode_silent(self, decode: Worker, what: str) -> "_AttemptError":
+    def _decode_silent(self, decode: Worker, what: str) -> _AttemptError:
         decode.breaker.on_failure(time.monotonic())
         return _AttemptError(504, f"decode {decode.url} is not answering ({what}; its health "
                              f"probe failed)", failed_decode=True)
@@ -353,7 +354,7 @@ class Dispatcher:
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             return False
 
-    def _prefill_failure(self, p_task: asyncio.Future, prefill: Worker) -> "_AttemptError | None":
+    def _prefill_failure(self, p_task: asyncio.Future, prefill: Worker) -> _AttemptError | None:
         try:
             result: LegResult = p_task.result()
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:

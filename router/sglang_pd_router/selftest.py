@@ -15,7 +15,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlparse
 
 import aiohttp
@@ -172,7 +172,7 @@ class SelfTest:
             async def one(case: Case) -> None:
                 try:
                     case.got = await case.run()
-                except Exception as e:  # a crash or a hang of the router is a failure
+                except Exception as e:  # noqa: BLE001 a crash or a hang of the router is a failure
                     case.got = f"{type(e).__name__}"
                 case.passed = case.ok(case.got)
 

@@ -249,7 +249,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_m: int = 64, block_n: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D]. seq_lens/extend_lens/q_start ([B], first query row of each
     request) live on q's device; ``max_extend`` (host int) sizes the grid."""
-    num_tokens, num_heads, head_dim = q.shape
+    _num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     if num_heads % kv_heads:
         raise ValueError(f"{num_heads} query heads do not group over {kv_heads} KV heads")

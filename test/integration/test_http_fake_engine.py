@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -332,8 +333,8 @@ BAD_GENERATE = [
      "max_new_tokens must be >= 0, got -5"),
     (json.dumps({"text": "a", "sampling_params": {"max_tokens": 5, "bogus": 1}}).encode(),
      "unknown sampling_params keys: bogus, max_tokens"),
-    (json.dumps({"input_ids": [1] * 300}).encode(), "300 tokens but the model's context length "
-                                                    "is 256"),
+    (json.dumps({"input_ids": [1] * 300}).encode(), ("300 tokens but the model's context length "
+                                                     "is 256")),
     (json.dumps({"input_ids": [1, 5000]}).encode(), "outside the vocabulary"),
     (json.dumps({"input_ids": [1], "rid": "fake-reject-x"}).encode(), "rejected by the fake"),
 ]

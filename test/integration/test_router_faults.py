@@ -111,7 +111,7 @@ def _routable(router) -> dict[str, bool]:
 
 
 def test_prefill_dies_mid_run(cluster) -> None:
-    router, prefills, decodes = cluster
+    router, prefills, _decodes = cluster
     want = _reference(router)
     victim = prefills[0]
     results = _kill_mid_run(router, victim.server, victim.base_url, want)

@@ -49,7 +49,7 @@ def _workers(router) -> dict[str, dict]:
 
 
 def test_a_stopped_decode_costs_a_deadline_and_a_retry(cluster) -> None:
-    router, (prefill,), (victim, survivor) = cluster
+    router, (prefill,), (victim, _survivor) = cluster
     _signal_tree(victim.proc.pid, signal.SIGSTOP)
     bodies = [{"input_ids": [3 + (j * (7 + i)) % 500 for j in range(20)],
                "sampling_params": SAMPLING, "stream": i % 2 == 1} for i in range(8)]

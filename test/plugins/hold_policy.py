@@ -3,7 +3,7 @@ HOLD_S after its arrival before it may prefill, like a batching window that neve
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
 from sglang_pd.scheduling.registry import register_prefill_policy

@@ -185,5 +185,5 @@ def _check(sched: Scheduler, out: Outcome) -> None:
     out.preempted_tokens = getattr(sched, "num_preempted_prefill_tokens", 0)
     counts = getattr(sched, "prefill_preemptions", {})
     if counts:
-        out.most_preemptions = max(out.most_preemptions, max(counts.values()))
+        out.most_preemptions = max(out.most_preemptions, *counts.values())
     assert out.most_preemptions <= MAX_PREFILL_PREEMPTIONS, out.most_preemptions

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, NamedTuple
+from typing import NamedTuple
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web

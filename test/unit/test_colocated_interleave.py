@@ -108,9 +108,9 @@ def test_prefill_never_delays_a_decode_by_more_than_the_budget(prefill: str, dec
 def test_the_tpot_slo_is_the_step_target() -> None:
     """With a TPOT SLO, a decode waits for at most (SLO - decode step) of prefill: the decode
     requests' inter-token gaps stay within the 100 ms SLO (plus per-request overheads)."""
-    steps, reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0)
+    steps, _reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0)
     gap, last = 0.0, None
-    for mode, start, dur, _, running in steps:
+    for mode, start, dur, _, _running in steps:
         if mode is ForwardMode.DECODE:
             if last is not None:
                 gap = max(gap, start + dur - last)

@@ -99,7 +99,7 @@ def test_register_refusal_abort_and_heartbeat(threaded: bool) -> None:
         for step in range(1, 40):
             now = 0.5 + step * 0.5
             dead.extend(e for e in client.poll(now) if isinstance(e, PeerDead))
-            until(lambda: answered(now), f"heartbeat answer at t={now}", timeout=30)
+            until(lambda now=now: answered(now), f"heartbeat answer at t={now}", timeout=30)
         assert not dead and link.failures == 0
     finally:
         client.close()
@@ -167,7 +167,7 @@ def test_managers_chunked_transfer_end_to_end() -> None:
     try:
         dm.add_request(42, "127.0.0.1", pm.server.port, [7, 3, 12, 9], now=0.0)
         until(
-            lambda: pm.poll(0.0) or pm.rooms.get(42) and pm.rooms[42].state.bootstrapped, "register"
+            lambda: pm.poll(0.0) or (pm.rooms.get(42) and pm.rooms[42].state.bootstrapped), "register"
         )
         pm.add_request(42, [1, 2, 5, 6], now=0.1)
         pm.kv_ready(42, 2, last=False, now=0.2)  # first chunked-prefill step filled 2 pages
@@ -241,7 +241,7 @@ def test_queued_request_is_not_mistaken_for_one_that_never_came() -> None:
     try:
         pm.expect(9, now=0.0)
         dm.add_request(9, "127.0.0.1", pm.server.port, [1, 2], now=0.0)
-        until(lambda: pm.poll(0.0) or pm.rooms.get(9) and pm.rooms[9].state.bootstrapped, "register")
+        until(lambda: pm.poll(0.0) or (pm.rooms.get(9) and pm.rooms[9].state.bootstrapped), "register")
         until(lambda: dm.poll(0.0) or dm.rooms[9].state.acked_at is not None, "ack")
         late = envs.bootstrap_timeout + 1.0
         assert pm.poll(late) == [] and 9 in pm.rooms  # still waiting for its first chunk

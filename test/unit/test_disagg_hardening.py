@@ -63,7 +63,7 @@ def register(pm: KVSenderManager, dm: KVReceiverManager, room: int, dst: list[in
              now: float = 0.0) -> None:
     """Decode registers, prefill takes the request, and decode has the ack."""
     assert dm.add_request(room, HOST, pm.server.port, dst, now) is None
-    until(lambda: pm.poll(now) or pm.rooms.get(room) and pm.rooms[room].state.bootstrapped,
+    until(lambda: pm.poll(now) or (pm.rooms.get(room) and pm.rooms[room].state.bootstrapped),
           "register")
     assert pm.add_request(room, src, now) is None
     until(lambda: (pm.poll(now), dm.poll(now)) and dm.rooms[room].state.acked_at is not None, "ack")

@@ -150,7 +150,7 @@ def transfer(pm: KVSenderManager, dm: KVReceiverManager, room: int, chunks: list
     """Register, then write SRC into DST as ``chunks`` (page counts per kv_ready); poll both
     sides until each reported the room with its pages releasable (or gave up)."""
     assert dm.add_request(room, HOST, pm.server.port, DST, clock.t) is None
-    until(lambda: pm.poll(clock.t) or room in pm.rooms and pm.rooms[room].state.bootstrapped,
+    until(lambda: pm.poll(clock.t) or (room in pm.rooms and pm.rooms[room].state.bootstrapped),
           "register")
     assert pm.add_request(room, SRC, clock.t) is None
     done = 0
@@ -192,7 +192,7 @@ def test_repeated_and_reordered_notices_still_deliver_exact_kv(dplan: FaultPlan)
 
 def test_a_lost_done_notice_fails_the_room_never_decodes_it() -> None:
     clock = Clock()
-    pm, dm, pt, dt = make_pair(FaultPlan(), FaultPlan(drop_notif_every=2), clock)
+    pm, dm, _pt, dt = make_pair(FaultPlan(), FaultPlan(drop_notif_every=2), clock)
     try:
         pu, du = transfer(pm, dm, 22, [2, 2, 2], clock, advance=0.5)  # time runs: decode times out
         assert pu[0].phase == "Done"  # prefill's writes all ended
@@ -211,7 +211,7 @@ def test_a_late_write_after_a_decode_abort_lands_before_the_pages_are_released()
     try:
         room = 23
         assert dm.add_request(room, HOST, pm.server.port, DST, clock.t) is None
-        until(lambda: pm.poll(clock.t) or room in pm.rooms and pm.rooms[room].state.bootstrapped,
+        until(lambda: pm.poll(clock.t) or (room in pm.rooms and pm.rooms[room].state.bootstrapped),
               "register")
         assert pm.add_request(room, SRC, clock.t) is None
         pm.kv_ready(room, 3, last=False, now=clock.t)
@@ -250,12 +250,12 @@ def test_a_late_write_after_a_decode_abort_lands_before_the_pages_are_released()
 
 def test_a_done_notice_for_an_aborted_room_is_ignored_and_logged() -> None:
     clock = Clock()
-    pm, dm, pt, dt = make_pair(FaultPlan(), FaultPlan(hold_notifs=True), clock)
+    pm, dm, _pt, dt = make_pair(FaultPlan(), FaultPlan(hold_notifs=True), clock)
     try:
         room = 24
         pu, du = [], []
         assert dm.add_request(room, HOST, pm.server.port, DST, clock.t) is None
-        until(lambda: pm.poll(clock.t) or room in pm.rooms and pm.rooms[room].state.bootstrapped,
+        until(lambda: pm.poll(clock.t) or (room in pm.rooms and pm.rooms[room].state.bootstrapped),
               "register")
         assert pm.add_request(room, SRC, clock.t) is None
         pm.kv_ready(room, 6, last=True, now=clock.t, aux=b"x")

@@ -288,11 +288,11 @@ def test_filler_long_step_never_overruns_awds_dispatch_moment() -> None:
     to launch), so the short batch goes at 1.050 s. Before, the filler had a floor of one
     bucket (256 tokens, ~15 ms) and pushed the short batch past its moment."""
     cfg = _cfg(awd_w_max_ms=50.0)
-    steps, done, _ = _run(cfg, [_sim("s", 1.0, 16, slo=1.0), _sim("long", 1.045, 3000)], 3.0)
+    steps, _done, _ = _run(cfg, [_sim("s", 1.0, 16, slo=1.0), _sim("long", 1.045, 3000)], 3.0)
     start_short = next(t for t, plan in steps if plan[0][0] == "s")
     assert start_short <= 1.050 + 1e-6
     # with time for a filler it runs, and still ends by the moment
-    steps, done, _ = _run(cfg, [_sim("s", 1.0, 16, slo=1.0), _sim("long", 1.0, 3000)], 3.0)
+    steps, _done, _ = _run(cfg, [_sim("s", 1.0, 16, slo=1.0), _sim("long", 1.0, 3000)], 3.0)
     fill = [(t, plan) for t, plan in steps if plan[0][0] == "long" and t < 1.050]
     assert fill
     model = PrefillCostModel.fixed(COEFFS)

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
@@ -281,7 +282,7 @@ def test_forward_time_from_cuda_events_on_a_gpu(monkeypatch: pytest.MonkeyPatch)
     from sglang_pd.engine import forward_timer
 
     class FakeEvent:
-        log: list[str] = []
+        log: ClassVar[list[str]] = []
 
         def __init__(self, enable_timing: bool = False) -> None:
             assert enable_timing
@@ -294,7 +295,7 @@ def test_forward_time_from_cuda_events_on_a_gpu(monkeypatch: pytest.MonkeyPatch)
         def synchronize(self) -> None:
             FakeEvent.log.append(f"sync {self.name}")
 
-        def elapsed_time(self, end: "FakeEvent") -> float:
+        def elapsed_time(self, end: FakeEvent) -> float:
             return 12.5  # milliseconds
 
     monkeypatch.setattr(forward_timer.torch.cuda, "Event", FakeEvent)

@@ -54,7 +54,7 @@ def load_values(case: str) -> dict[str, Any]:
     return yaml.safe_load((CHART / rel).read_text()) if rel else {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chart() -> Any:
     return helm.Chart.load(str(CHART))
 
@@ -65,7 +65,7 @@ def render(values: dict[str, Any]) -> list[dict[str, Any]]:
             for doc in yaml.safe_load_all(text) if doc]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rendered_case(case: str) -> str:
     return json.dumps(render(load_values(case)))
 
@@ -153,7 +153,7 @@ def validation_errors(obj: dict[str, Any]) -> list[str]:
         try:
             dumped = model.model_validate(obj).model_dump(by_alias=True, exclude_none=True,
                                                           mode="json")
-        except Exception as exc:  # pydantic.ValidationError: wrong types or missing fields
+        except Exception as exc:  # noqa: BLE001 pydantic.ValidationError: wrong types or missing fields
             return [f"{name}: {exc}"]
         return [f"{name}: unknown field {p}" for p in _dropped_fields(obj, dumped)]
     errors = []

@@ -110,7 +110,7 @@ def test_sharded_checkpoint_and_tied_lm_head_copy(tiny: dict[str, Path], tmp_pat
     weight_map = {}
     for fname, keys in shards.items():
         save_file({k: tensors[k] for k in keys}, str(d / fname))
-        weight_map.update({k: fname for k in keys})
+        weight_map.update(dict.fromkeys(keys, fname))
     (d / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )

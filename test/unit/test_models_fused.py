@@ -20,12 +20,12 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton not installed (pip install triton: the gpu extra)",
                     exc_type=ImportError)
 
-from model_helpers import TINY_ARCHS, PagedRequests, build_tiny_models, make_pool  # noqa: E402
-from sgl_pd_kernel import triton_fused  # noqa: E402
-from sglang_pd.core.step import ForwardMode  # noqa: E402
-from sglang_pd.engine.attention.torch_backend import TorchAttnBackend  # noqa: E402
-from sglang_pd.models import load_model  # noqa: E402
-from sglang_pd.models.fused import FUSED_ENV, fused_kernels_on  # noqa: E402
+from model_helpers import TINY_ARCHS, PagedRequests, build_tiny_models, make_pool
+from sgl_pd_kernel import triton_fused
+from sglang_pd.core.step import ForwardMode
+from sglang_pd.engine.attention.torch_backend import TorchAttnBackend
+from sglang_pd.models import load_model
+from sglang_pd.models.fused import FUSED_ENV, fused_kernels_on
 
 PROMPTS = [[5, 17, 300, 42, 7, 99, 1024], [3], [250, 251, 252, 253, 254, 255, 256, 257, 258, 259, 8]]
 NEW_TOKENS = 6

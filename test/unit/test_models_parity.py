@@ -25,14 +25,14 @@ ATOL = 5e-4
 PROMPTS = [
     "Hello, my name is",
     "The",
-    "Once upon a time, in a village at the edge of a great forest, there lived a girl who could "
-    "talk to owls.",
+    ("Once upon a time, in a village at the edge of a great forest, there lived a girl who could "
+     "talk to owls."),
     "def add(a, b):\n    return a + b",
     "User: Can you tell me something about the river?\nAssistant:",
     "Recipe for warm bread\nIngredients:\n- 2 cups of flour",
     "Q: What is 12 minus 5?\nA:",
-    "The benchmark measured a throughput of 2447 requests per second at batch size 32, "
-    "with a latency of",
+    ("The benchmark measured a throughput of 2447 requests per second at batch size 32, "
+     "with a latency of"),
 ]
 GEN_PROMPTS = PROMPTS + [
     "The capital of France is",

@@ -101,7 +101,7 @@ def test_statics_give_the_eager_rows_for_every_bucket_and_page_0_stays_zero(tiny
 
 @needs_triton
 def test_steps_a_bucket_cannot_express_run_eagerly(tiny_model_factory) -> None:
-    model, cfg, pool, runner, graphs = _setup(tiny_model_factory)
+    _model, cfg, _pool, runner, graphs = _setup(tiny_model_factory)
     runner.prefill_graphs = graphs  # what ModelRunner does on CUDA with a grid
     with torch.inference_mode():
         short = runner.build_extend(_reqs([3, 7], cfg.vocab_size))

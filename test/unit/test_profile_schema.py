@@ -128,7 +128,7 @@ def test_whole_file_errors(tmp_path):
     raw = _raw()
     raw["prefill"] = None
     raw["decode"] = None
-    with pytest.raises(ProfileError, match="`prefill`.*or a `decode`"):
+    with pytest.raises(ProfileError, match=r"`prefill`.*or a `decode`"):
         _load(raw, tmp_path)
     raw = _raw()
     raw["decode"]["seconds"] = [[None] * 4] * 4

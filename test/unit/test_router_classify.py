@@ -39,5 +39,5 @@ def test_exact_with_a_tokenizer(tmp_path) -> None:
     est = LengthEstimator(str(tmp_path))  # the folder, as --tokenizer-path takes a model dir
     assert est.exact
     assert est.prompt_len("/generate", {"text": "hello world hello"}) == 3
-    with pytest.raises(ValueError, match="no tokenizer.json"):
+    with pytest.raises(ValueError, match=r"no tokenizer\.json"):
         LengthEstimator(str(tmp_path / "missing"))

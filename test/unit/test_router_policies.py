@@ -24,7 +24,7 @@ def test_registry_knows_the_four_and_refuses_others() -> None:
     assert set(ROUTING_POLICIES) == {"random", "round_robin", "power_of_two", "length_aware"}
     for name in ROUTING_POLICIES:
         assert create_routing_policy(name).name == name
-    with pytest.raises(ValueError, match="unknown routing policy 'nope'.*length_aware"):
+    with pytest.raises(ValueError, match=r"unknown routing policy 'nope'.*length_aware"):
         create_routing_policy("nope")
     with pytest.raises(ValueError, match="short_prefill_threshold"):
         RoutingConfig(short_prefill_threshold=0)

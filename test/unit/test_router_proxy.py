@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
@@ -64,7 +64,7 @@ async def test_stream_reaches_client_before_prefill_answers() -> None:
 
 
 async def test_non_stream_answers_without_waiting_for_prefill() -> None:
-    async with cluster() as (url, client, (p,), (d,), _):
+    async with cluster() as (url, client, (p,), (_d,), _):
         p.behaviour = FakeBehaviour(delay_s=3.0)
         async with client.post(url + "/generate", json=GEN) as r:
             assert r.status == 200 and p.answered == 0
@@ -211,7 +211,7 @@ async def test_batches_and_bad_bodies_are_refused_clearly() -> None:
 
 
 async def test_prompt_logprobs_merged_from_prefill() -> None:
-    async with cluster() as (url, client, (p,), (d,), svc):
+    async with cluster() as (url, client, (p,), (_d,), svc):
         original = p._generate
 
         async def with_logprobs(request: web.Request) -> web.Response:

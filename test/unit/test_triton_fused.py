@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton not installed (pip install triton: the gpu extra)",
                     exc_type=ImportError)
 
-from sgl_pd_kernel import reference as ref  # noqa: E402
-from sgl_pd_kernel import triton_fused as tf  # noqa: E402
+from sgl_pd_kernel import reference as ref
+from sgl_pd_kernel import triton_fused as tf
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]

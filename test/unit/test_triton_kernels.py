@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton not installed (pip install triton: the gpu extra)",
                     exc_type=ImportError)
 
-from sgl_pd_kernel import reference as ref  # noqa: E402
-from sgl_pd_kernel import triton_attention as tk  # noqa: E402
+from sgl_pd_kernel import reference as ref
+from sgl_pd_kernel import triton_attention as tk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PAGE = 4
@@ -49,7 +49,7 @@ class _Cache:
         )
         self.gen = gen
 
-    def to(self, device: str) -> "_Cache":
+    def to(self, device: str) -> _Cache:
         for name in ("k", "v", "page_table", "seq_lens", "token_slots"):
             setattr(self, name, getattr(self, name).to(device))
         return self

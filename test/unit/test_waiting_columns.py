@@ -244,7 +244,7 @@ def test_list_behaviour_and_refusals() -> None:
     q.check()
     sub = q.subset([4, 0])
     assert list(sub) == [q[4], q[0]] and sub.remaining.tolist() == [q[4].prefill_remaining, q[0].prefill_remaining]
-    for bad in (lambda: q.sort(), lambda: q.reverse(), lambda: q.__setitem__(0, reqs[0])):
+    for bad in (q.sort, q.reverse, lambda: q.__setitem__(0, reqs[0])):
         with pytest.raises(TypeError):
             bad()
     reqs[0].kv_len = 3  # changed behind the queue's back: check() notices, refresh() mends

@@ -38,7 +38,7 @@ def load_tokenizer(path: str | Path | None):  # -> tokenizers.Tokenizer | None
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(f))
-    except Exception as e:  # a broken file should not stop a load test that may not need it
+    except Exception as e:  # noqa: BLE001 (tokenizers raises plain Exception) a broken file should not stop a load test that may not need it
         logger.warning("could not load tokenizer from %s: %s", f, e)
         return None
 
@@ -50,7 +50,7 @@ def config_vocab_size(model_dir: str | Path | None) -> int | None:
     f = Path(model_dir) / "config.json"
     try:
         return int(json.loads(f.read_text())["vocab_size"])
-    except Exception:
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -25,10 +25,7 @@ def write_toy_tokenizer(model_dir: str | Path, vocab_size: int = 600) -> Path:
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    words = (
-        "serving model token prefill decode cache batch request latency throughput "
-        "goodput schedule queue page kernel tensor layer attention router trace"
-    ).split()
+    words = ["serving", "model", "token", "prefill", "decode", "cache", "batch", "request", "latency", "throughput", "goodput", "schedule", "queue", "page", "kernel", "tensor", "layer", "attention", "router", "trace"]
     rng = random.Random(0)
     corpus = [
         " ".join(rng.choice(words) for _ in range(16)) + rng.choice(".,!?") for _ in range(1500)
@@ -60,7 +57,7 @@ def running_stub(*flags: str, start_timeout_s: float = 20.0) -> Iterator[str]:
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
     # stdout carries only the ready line; stderr goes to a file, never to a pipe nobody drains
     # (a full pipe would block the stub mid-run).
-    log = tempfile.TemporaryFile(mode="w+")
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed once the stub has stopped)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_pd.bench.stub_server", "--port", "0", *flags],
         stdout=subprocess.PIPE,

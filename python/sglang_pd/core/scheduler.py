@@ -20,7 +20,8 @@ Colocated step composition: prefill interleaves with running decodes by one rule
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 from sglang_pd.core.page_allocator import Allocator
 from sglang_pd.core.progress import pick_victim, remaining_pages, reserved_pages
@@ -401,8 +402,8 @@ class Scheduler:
             return []
         never = [r for r in self.waiting if self._pages_for(r.prefill_target) > self.allocator.num_usable]
         if never:  # larger than the whole pool (grown by its output): no amount of waiting helps
-            return [(r, f"the request needs {self._pages_for(r.prefill_target) * self.page_size} KV "
-                        f"tokens; the pool holds only {self.allocator.num_usable * self.page_size}")
+            return [(r, (f"the request needs {self._pages_for(r.prefill_target) * self.page_size} KV "
+                         f"tokens; the pool holds only {self.allocator.num_usable * self.page_size}"))
                     for r in never]
         if self.pending_pages:
             return []
@@ -420,8 +421,8 @@ class Scheduler:
             self.preempt_prefill(partial)
             return []
         if self.waiting:
-            return [(self.waiting[0], f"the prefill policy {self.prefill_policy.name!r} scheduled "
-                                      f"nothing with the KV pool free (a policy bug)")]
+            return [(self.waiting[0], (f"the prefill policy {self.prefill_policy.name!r} scheduled "
+                                       f"nothing with the KV pool free (a policy bug)"))]
         return []
 
     def _pages_for(self, tokens: int) -> int:

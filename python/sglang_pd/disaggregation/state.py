@@ -331,7 +331,7 @@ class KVSenderState:
         for msg in self._outbox:
             if isinstance(msg, Abort):
                 out.append(Abort(room=msg.room, reason=msg.reason, writes_in_flight=True))
-                msg = AbortAck(room=self.room)  # tells decode when the write has ended
+                msg = AbortAck(room=self.room)  # noqa: PLW2901 (sent in its place) tells decode when the write has ended
             if isinstance(msg, AbortAck):
                 if not held:
                     held.append(msg)

@@ -160,7 +160,7 @@ class _Statics:
     lens: torch.Tensor  # [2, max_bs]: seq_lens, extend_lens
 
     @classmethod
-    def allocate(cls, max_bs: int, device: torch.device) -> "_Statics":
+    def allocate(cls, max_bs: int, device: torch.device) -> _Statics:
         def z() -> torch.Tensor:
             return torch.zeros(max_bs, dtype=torch.long, device=device)
 

@@ -11,7 +11,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

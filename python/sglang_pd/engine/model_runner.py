@@ -5,7 +5,7 @@ Batch tensors are built once per step with one loop per request (never per token
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

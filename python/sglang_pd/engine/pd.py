@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
 
 import msgspec
 
@@ -337,7 +338,7 @@ class DecodeSide:
                 try:
                     aux = msgspec.msgpack.decode(update.aux, type=FirstTokenAux)
                 except msgspec.MsgspecError as e:  # a prefill bug: never decode without it
-                    update = RoomUpdate(update.room, "Failed", Failure.TRANSFER_ERROR,
+                    update = RoomUpdate(update.room, "Failed", Failure.TRANSFER_ERROR,  # noqa: PLW2901
                                         f"room {update.room}: unreadable first-token data ({e})")
                 else:
                     self._start_decoding(req, aux, now)

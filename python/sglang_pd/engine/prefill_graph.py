@@ -67,7 +67,7 @@ class _PrefillStatics:
     arange: torch.Tensor  # [B_max]: 0..B_max-1, to build indices without host data
 
     @classmethod
-    def allocate(cls, grid: BucketGrid, device: torch.device) -> "_PrefillStatics":
+    def allocate(cls, grid: BucketGrid, device: torch.device) -> _PrefillStatics:
         n = grid.max_tokens * grid.max_batch
 
         def z(k: int) -> torch.Tensor:
@@ -190,7 +190,7 @@ class PrefillGraphRunner:
         return self._logits[: batch.batch_size]
 
 
-def short_prefill_graph_grid(args: "ServerArgs", graphs: bool) -> BucketGrid | None:
+def short_prefill_graph_grid(args: ServerArgs, graphs: bool) -> BucketGrid | None:
     """The grid to capture, or None: only with graphs on (a capturable backend on CUDA) and
     where a short queue forms bucketed steps: a prefill server, or dual prefill queues."""
     if not graphs or not (args.disaggregation_mode == "prefill" or args.prefill_queues == "dual"):

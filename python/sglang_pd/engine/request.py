@@ -47,7 +47,7 @@ class Req:
 
     @classmethod
     def from_msg(cls, msg: GenerateReq, now: float, wall_now: float | None = None,
-                 default_slo_s: tuple[float | None, float | None] = (None, None)) -> "Req":
+                 default_slo_s: tuple[float | None, float | None] = (None, None)) -> Req:
         """``now``: the engine clock; ``wall_now``: time.time() at the same instant. The request's
         clock starts at the frontend's arrival (``msg.arrival_time``, wall time), converted once
         into the engine clock, so queueing before the engine counts against its deadline. SLOs:

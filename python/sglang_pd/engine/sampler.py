@@ -20,7 +20,7 @@ independent of batch composition.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -178,7 +178,7 @@ def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, to
     stays), on the largest candidates only; tokens outside a row's set become -inf."""
     vocab = scaled.shape[1]
     only_p = any(k == 0 and r.params.top_p < 1.0 for k, r in zip(top_ks, reqs))
-    num = min(vocab, max(max(top_ks), TOP_P_CANDIDATES if only_p else 0))
+    num = min(vocab, max(*top_ks, TOP_P_CANDIDATES if only_p else 0))
     if num == vocab:  # every token is a candidate: a stable sort keeps the first of tied tokens
         cand_logits, cand_idx = scaled.sort(dim=-1, descending=True, stable=True)
     else:

@@ -51,7 +51,7 @@ class StopChecker:
                 continue
             if old is None:  # (a split character the newest token completes is not fixed)
                 before = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
-                old = len(os.path.commonprefix([before, tail]))
+                old = len(os.path.commonprefix([before, tail]))  # noqa: RUF071 (text, not paths)
             if at + len(s) > old:
                 return s
         return None

@@ -66,7 +66,7 @@ async def _http_error(_: Request, exc: Exception) -> Response:
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # the details go to the log; clients get a stable message (internals are not an API)
-    logger.exception("unhandled error in %s %s", request.method, request.url.path)
+    logger.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(ApiError(500, INTERNAL_ERROR))
 
 

@@ -6,7 +6,7 @@ ones; fields that would change the result but are not implemented give a 400.
 
 from __future__ import annotations
 
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -24,34 +24,34 @@ class StreamOptions(msgspec.Struct):
 
 
 class _Common(msgspec.Struct, kw_only=True):
-    model: Optional[str] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     n: int = 1
-    stop: Optional[str | list[str]] = None
-    stop_token_ids: Optional[list[int]] = None
-    seed: Optional[int] = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    logit_bias: Optional[dict[str, float]] = None
-    user: Optional[str] = None
-    rid: Optional[str | list[str]] = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    rid: str | list[str] | None = None
     # SGLang router extras: accepted; hidden states are not produced by this server.
     return_hidden_states: bool = False
     bootstrap_host: Any = None
     bootstrap_port: Any = None
     bootstrap_room: Any = None
-    slo: Optional[dict[str, Any]] = None
+    slo: dict[str, Any] | None = None
     # structured output (SGLang and vLLM names): refused until supported, never silently ignored
     regex: Any = None
     json_schema: Any = None
@@ -61,7 +61,7 @@ class _Common(msgspec.Struct, kw_only=True):
     guided_choice: Any = None
     guided_grammar: Any = None
     structural_tag: Any = None
-    response_format: Optional[dict[str, Any]] = None
+    response_format: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -70,24 +70,24 @@ class _Common(msgspec.Struct, kw_only=True):
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: Any  # str | list[str] | list[int] | list[list[int]]: checked in prompts()
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool = False
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
     messages: list[dict[str, Any]]
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool = False
 
 

@@ -12,7 +12,8 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -167,7 +168,7 @@ class TokenizerManager:
             self._send(ControlReq(call_id=call_id, method=method, args=args or {}))
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            raise ApiError(504, f"the engine did not answer {method!r} within {timeout:g}s")
+            raise ApiError(504, f"the engine did not answer {method!r} within {timeout:g}s") from None
         finally:
             self.pending_calls.pop(call_id, None)
 

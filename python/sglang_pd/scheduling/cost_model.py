@@ -48,7 +48,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 import numpy as np
@@ -148,18 +148,18 @@ class PrefillCostModel:
         self._evictions = 0
 
     @classmethod
-    def fixed(cls, coeffs: PrefillCoeffs) -> "PrefillCostModel":
+    def fixed(cls, coeffs: PrefillCoeffs) -> PrefillCostModel:
         return cls(coeffs, learn=False)
 
     @classmethod
-    def from_config(cls, cfg: PolicyConfig) -> "PrefillCostModel":
+    def from_config(cls, cfg: PolicyConfig) -> PrefillCostModel:
         """The cold-start prior, or the prefill section of ``cfg.cost_model_profile``."""
         if not cfg.cost_model_profile:
             return cls()
         return cls.from_profile(load_profile(cfg.cost_model_profile))
 
     @classmethod
-    def from_profile(cls, profile: Profile, **kwargs) -> "PrefillCostModel":
+    def from_profile(cls, profile: Profile, **kwargs) -> PrefillCostModel:
         """A profile's measured prefill steps as the prior grid (docs/profile.md). Prior
         coefficients: the profile's ``coeffs`` (b and g_w timed apart) when given, else fitted to
         the grid, whose b/g_w split is then unknown (``boundary_tokens`` is None)."""

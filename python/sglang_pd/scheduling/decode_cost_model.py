@@ -41,7 +41,7 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
@@ -173,12 +173,12 @@ class DecodeCostModel:
     # ------------------------------------------------------------------ construction
     @classmethod
     def fixed(cls, grid: DecodeGrid | None = None, prior: DecodeCoeffs = DEFAULT_DECODE_PRIOR
-              ) -> "DecodeCostModel":
+              ) -> DecodeCostModel:
         """A table that never learns (tests, a simulator's ground truth)."""
         return cls(prior, grid, learn=False)
 
     @classmethod
-    def from_config(cls, cfg: PolicyConfig) -> "DecodeCostModel":
+    def from_config(cls, cfg: PolicyConfig) -> DecodeCostModel:
         """The decode section of ``cfg.cost_model_profile``, else the cold-start guess."""
         padded = cfg.decode_attention_padded
         if not cfg.cost_model_profile:
@@ -186,7 +186,7 @@ class DecodeCostModel:
         return cls.from_profile(load_profile(cfg.cost_model_profile), padded=padded)
 
     @classmethod
-    def from_profile(cls, profile: Profile, **kwargs) -> "DecodeCostModel":
+    def from_profile(cls, profile: Profile, **kwargs) -> DecodeCostModel:
         return cls(grid=profile.decode, **kwargs)
 
     # ------------------------------------------------------------------ reading

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, Sequence
+from typing import Any, Literal
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -35,7 +36,7 @@ class ProfileError(ValueError):
     """A profile that cannot be read: names the bad field and the supported schema version."""
 
 
-Grid = list[list[Optional[float]]]
+Grid = list[list[float | None]]
 
 
 class ProfileMeta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -75,7 +76,7 @@ class PrefillBatchGrid(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     new_tokens: list[int]  # L per request, >= 1, ascending
     seconds: Grid
     context_tokens: int = 0  # H per request, >= 0
-    std_seconds: Optional[Grid] = None  # spread over the repeats, same shape, >= 0
+    std_seconds: Grid | None = None  # spread over the repeats, same shape, >= 0
 
 
 class PrefillGrid(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -85,9 +86,9 @@ class PrefillGrid(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     new_tokens: list[int]  # L, >= 1, ascending
     context_tokens: list[int]  # H, >= 0, ascending
     seconds: Grid
-    std_seconds: Optional[Grid] = None
-    batched: Optional[PrefillBatchGrid] = None
-    coeffs: Optional[PrefillCoeffsSpec] = None
+    std_seconds: Grid | None = None
+    batched: PrefillBatchGrid | None = None
+    coeffs: PrefillCoeffsSpec | None = None
 
     def points(self) -> Iterator[tuple[int, int, int, float]]:
         """Every measured step as (batch size, sum L, sum H, seconds), batched points included."""
@@ -112,7 +113,7 @@ class DecodeGrid(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     context_tokens: list[int]  # >= 0, ascending
     seconds: Grid
     context_key: Literal["total", "mean", "max"] = "total"
-    std_seconds: Optional[Grid] = None
+    std_seconds: Grid | None = None
 
     def cells(self) -> Iterator[tuple[int, int, float]]:
         """Every measured cell as (batch size, context tokens, seconds)."""
@@ -125,8 +126,8 @@ class DecodeGrid(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class Profile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     schema_version: int
     meta: ProfileMeta
-    prefill: Optional[PrefillGrid] = None
-    decode: Optional[DecodeGrid] = None
+    prefill: PrefillGrid | None = None
+    decode: DecodeGrid | None = None
     extra: dict[str, Any] = msgspec.field(default_factory=dict)  # tool-specific, not read here
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import Sequence
 
 from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig

@@ -25,7 +25,8 @@ Slices and copies are plain lists (no columns): policies fed those read the requ
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -190,7 +191,7 @@ class WaitingQueue(list):
         for r in reqs:
             self.insert(len(self), r)
 
-    def __iadd__(self, reqs: Iterable[SchedReq]) -> "WaitingQueue":  # type: ignore[override]
+    def __iadd__(self, reqs: Iterable[SchedReq]) -> WaitingQueue:  # type: ignore[override]
         self.extend(reqs)
         return self
 
@@ -241,7 +242,7 @@ class WaitingQueue(list):
     def reverse(self) -> None:
         raise TypeError("WaitingQueue keeps arrival order")
 
-    def __imul__(self, n: int) -> "WaitingQueue":  # type: ignore[override]
+    def __imul__(self, n: int) -> WaitingQueue:  # type: ignore[override]
         raise TypeError("WaitingQueue holds each request once")
 
     def refresh(self, req: SchedReq) -> None:
@@ -252,7 +253,7 @@ class WaitingQueue(list):
         self._f[REMAINING_F:, k] = _floats(req, self.chunk)[REMAINING_F:]
 
     # ------------------------------------------------------------------ subsets and checks
-    def subset(self, idx: Sequence[int] | np.ndarray) -> "WaitingQueue":
+    def subset(self, idx: Sequence[int] | np.ndarray) -> WaitingQueue:
         """A new queue of ``self[i] for i in idx`` with its columns taken, not re-read (a
         snapshot for one decision: dual queues hand each class to a policy this way)."""
         idx = np.asarray(idx, dtype=np.intp)

@@ -165,7 +165,7 @@ class PolicyPair:
     exact: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "PolicyPair":
+    def parse(cls, text: str) -> PolicyPair:
         """``PREFILL/DECODE[@exact]``, e.g. ``kairos+/slack+@exact``."""
         body, _, flag = text.strip().partition("@")
         pre, sep, dec = body.partition("/")

@@ -24,7 +24,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
 
 from sglang_pd_router.controller import ControllerConfig, InstanceSignals, PoolController, RoleMove
 from sglang_pd_router.policies import (RouteRequest, RoutingConfig, WorkerView, classify_length,
@@ -426,7 +426,7 @@ class Cluster:
                         k != _CONTROL and not _stale(k, o) for _, _, k, o in heap):
                     period = self.spec.pool_controller.period_s  # type: ignore[union-attr]
                     self._push(self.now + period, _CONTROL, None)
-            elif kind == _TIMEOUT or kind == _BOOT:
+            elif kind in (_TIMEOUT, _BOOT):
                 busy = self._stepping(obj)  # type: ignore[arg-type]
                 if busy is not None:  # the engine polls its transfers between steps, not in one
                     self._push(busy.step_started + busy.step_s, kind, obj)

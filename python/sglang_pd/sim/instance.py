@@ -50,8 +50,8 @@ class Track:
     first_token: float | None = None
     finish: float | None = None
     error: str = ""
-    preq: "ClusterReq | None" = None
-    dreq: "ClusterReq | None" = None
+    preq: ClusterReq | None = None
+    dreq: ClusterReq | None = None
 
 
 @dataclass(eq=False)

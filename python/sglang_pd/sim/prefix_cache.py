@@ -9,7 +9,7 @@ as in radix caches). Blocks are inserted when the request's prefill has finished
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 BLOCK_TOKENS = 512  # Mooncake's block size
 

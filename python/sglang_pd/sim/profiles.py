@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import numpy as np

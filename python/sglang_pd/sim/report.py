@@ -38,6 +38,11 @@ def metrics(res: SimResult, slo: SloSpec, long_threshold: int = 8192) -> tuple[l
     return results, compute_metrics(results, max(end - start, 1e-9), slo, long_threshold)
 
 
+def _pick(xs: list[float], q: float) -> float:
+    """The q-quantile of sorted ``xs`` (nearest rank, from below); NaN when empty."""
+    return xs[min(int(q * len(xs)), len(xs) - 1)] if xs else float("nan")
+
+
 def class_ttft(res: SimResult, default_slo_s: float | None) -> dict[str, dict[str, float]]:
     """Per request class (``Track.request_class``, by new tokens): count, TTFT SLO attainment
     against each request's own SLO (its class's; ``default_slo_s`` when it carries none; a
@@ -50,8 +55,8 @@ def class_ttft(res: SimResult, default_slo_s: float | None) -> dict[str, dict[st
         ttfts = sorted(t.first_token - t.arrival for t in ts if not t.error and t.first_token is not None)
         met = sum(1 for t in ts if not t.error and t.first_token is not None
                   and (t.slo_ttft_s or default_slo_s or float("inf")) >= t.first_token - t.arrival)
-        pick = (lambda q: ttfts[min(int(q * len(ttfts)), len(ttfts) - 1)] if ttfts else float("nan"))
-        out[cls] = {"n": len(ts), "attainment": met / len(ts), "ttft_p50_s": pick(0.5), "ttft_p90_s": pick(0.9)}
+        out[cls] = {"n": len(ts), "attainment": met / len(ts), "ttft_p50_s": _pick(ttfts, 0.5),
+                    "ttft_p90_s": _pick(ttfts, 0.9)}
     return out
 
 
@@ -103,8 +108,8 @@ def summary_record(m: BenchMetrics, info: dict[str, Any]) -> dict[str, Any]:
 
 def format_run(m: BenchMetrics, info: dict[str, Any]) -> str:
     text = format_summary(m, info)
-    lines = [text, f"simulated {info['sim_end_s']:.1f} s in {info['wall_s']:.2f} s wall "
-                   f"({info['num_events']} events, {info['num_steps']} steps)"]
+    lines = [text, (f"simulated {info['sim_end_s']:.1f} s in {info['wall_s']:.2f} s wall "
+                    f"({info['num_events']} events, {info['num_steps']} steps)")]
     for name, st in info["instances"].items():
         hit = st["prefix_hit_rate"]
         lines.append(f"  {name}: busy {100 * st['busy_frac']:.1f}%  steps {st['steps']}  prefill tok "

@@ -7,7 +7,7 @@ same workload drawn with the same seed, so the policies see identical requests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from sglang_pd.bench.metrics import BenchMetrics, SloSpec
 from sglang_pd.sim.cluster import Cluster, ClusterSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.bench.datasets import arrival_times
 from sglang_pd.bench.traces import TraceRecord, load_trace

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 WORKER_KINDS = ("prefill", "decode")
 PREFILL_ROLES = ("short", "long", "both")

@@ -15,7 +15,7 @@ lowest KV usage.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import (
     RouteRequest,

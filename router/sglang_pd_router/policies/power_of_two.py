@@ -6,7 +6,7 @@ for prefill workers, held requests for decode ones, from in-flight counters and 
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import (
     RouteRequest,

@@ -6,7 +6,7 @@ shifting the others' turns.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import RouteRequest, RoutingConfig, RoutingPolicy, WorkerView
 

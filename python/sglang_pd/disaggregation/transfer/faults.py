@@ -88,7 +88,7 @@ class FaultyTransport(KVTransport):
     def metadata(self) -> bytes:
         return self.inner.metadata()
 
-    def add_peer(self, metadata: bytes, layout) -> str:  # noqa: ANN001 (KVLayout)
+    def add_peer(self, metadata: bytes, layout) -> str:
         return self.inner.add_peer(metadata, layout)
 
     def remove_peer(self, peer: str) -> None:

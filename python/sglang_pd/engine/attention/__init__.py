@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 if TYPE_CHECKING:  # importing this package must stay torch-free: server_args reads the names
     from sglang_pd.engine.attention.base import AttentionBackend
@@ -60,7 +61,7 @@ def _make_auto() -> AttentionBackend:
 
 
 # Heavy or optional imports (torch, triton, flashinfer) stay inside the factories.
-ATTENTION_BACKENDS: dict[str, Callable[[], "AttentionBackend"]] = {
+ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
     "torch": _make_torch,
     "triton": _make_triton,
     "flashinfer": _make_flashinfer,

@@ -3,7 +3,7 @@ iteration-level scheduling, the baseline of the continuous-batching survey)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.types import DecodePolicy, R
 

@@ -23,7 +23,7 @@ Definitions (docs/decode_scheduling.md):
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig

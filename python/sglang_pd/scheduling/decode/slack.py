@@ -29,7 +29,7 @@ until s_min is below every candidate step, and then every request is decoded.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
 from sglang_pd.scheduling.types import R

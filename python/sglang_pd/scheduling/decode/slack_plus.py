@@ -55,7 +55,7 @@ pace and deviations are Kairos's as in ``slack.py`` (total-context key, per-requ
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
 from sglang_pd.scheduling.types import R

@@ -26,7 +26,7 @@ uses that SLO as t_target (Medha derives t_target from the TPOT SLO); otherwise 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
@@ -76,7 +76,7 @@ class TimeBudgetChunker:
     @classmethod
     def for_config(cls, cfg: PolicyConfig, model: PrefillCostModel, rho: Callable[[SchedReq], float],
                    rider_contexts: Sequence[int] = (),
-                   threshold: Callable[[int], int] | None = None) -> "TimeBudgetChunker | None":
+                   threshold: Callable[[int], int] | None = None) -> TimeBudgetChunker | None:
         """``threshold``: the server's one short/long boundary (``threshold.ShortThreshold``:
         cached tokens -> new tokens); None = ``--short-prefill-threshold`` or its default."""
         target = time_budget_s(cfg)

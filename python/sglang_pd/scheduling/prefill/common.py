@@ -30,7 +30,7 @@ reads, the queue's columns and the policy's order, ``order.py``.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -29,7 +29,7 @@ gain from waiting), or when the short head is overdue. No request is ever strand
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -13,7 +13,7 @@ the short requests behind it miss theirs (convoy).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, stable_order
 from sglang_pd.scheduling.types import PrefillBudget, R

@@ -6,7 +6,7 @@ FCFS: no overtaking), and a prompt longer than the chunk size is split across st
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 

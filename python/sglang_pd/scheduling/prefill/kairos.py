@@ -42,7 +42,7 @@ Behaviour to know (kept, since this is the policy as written; ``kairos+`` change
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

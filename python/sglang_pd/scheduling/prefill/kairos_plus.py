@@ -45,7 +45,7 @@ goes through ``budget.grant`` (``common.walk``).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -216,7 +216,7 @@ class RoomCut:
                 if delta > spare:
                     return start + j
                 spare -= delta
-            if gj == URGENT or gj == RESCUING:
+            if gj in (URGENT, RESCUING):
                 room = max(float(lax[p]) - safety * float(work[p]), 0.0)
                 spare = room if spare is None or room < spare else spare
         if start + m < len(pos):

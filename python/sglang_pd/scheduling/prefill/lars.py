@@ -21,7 +21,7 @@ a new arrival's rho starts at (SLO - w)/w >= -1, so any request eventually ranks
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

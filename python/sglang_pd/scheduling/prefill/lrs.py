@@ -10,7 +10,7 @@ starving long requests before that (slack ignores how much work is at risk).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.prefill.common import DeadlinePolicy, Queue, stable_order
 from sglang_pd.scheduling.types import PrefillBudget, R

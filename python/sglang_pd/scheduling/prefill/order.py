@@ -5,7 +5,8 @@ operations, not a Python pass over every waiting request."""
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Callable, Generic, Iterable, Sequence
+from typing import Generic
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -133,7 +134,7 @@ class Queue(Generic[R]):
         reqs = self.reqs
         return [reqs[i] for i in idx.tolist()]
 
-    def sub(self, idx: np.ndarray) -> "Queue[R]":
+    def sub(self, idx: np.ndarray) -> Queue[R]:
         """The requests at ``idx`` (in that order) as a Queue of their own, its
         columns taken from this one (dual queues: one class of the waiting queue)."""
         out = Queue.__new__(Queue)
@@ -194,7 +195,7 @@ class Order:
             refine()
 
     @classmethod
-    def of(cls, perm: Sequence[int] | np.ndarray) -> "Order":
+    def of(cls, perm: Sequence[int] | np.ndarray) -> Order:
         perm = np.asarray(perm, dtype=np.intp)
         o = cls.__new__(cls)
         o.key = o.group = o._refine = None

@@ -10,7 +10,7 @@ stream of short prompts a long one waits for as long as the stream lasts.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sglang_pd.scheduling.prefill.common import Queue, stable_order, walk
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R

@@ -27,7 +27,7 @@ test_waiting_columns.py checks both against a one-by-one walk.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

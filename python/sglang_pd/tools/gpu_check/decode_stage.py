@@ -69,7 +69,7 @@ def run(ctx: Ctx, rec: Any) -> str:
     cells = []
     for c in contexts:
         for b in batches:
-            cells.append(attempt(rec, f"b{b}_c{c}", lambda: measure_cell(ctx, core, shape, bw, b, c)))
+            cells.append(attempt(rec, f"b{b}_c{c}", lambda b=b, c=c: measure_cell(ctx, core, shape, bw, b, c)))
     ls.release(core)
     ok = [c for c in cells if "eager_ms" in c]
     if not ok:

@@ -152,9 +152,9 @@ def run(ctx: Ctx, rec: Any) -> str:
         key = f"{backend}_{'graphs' if graphs else 'eager'}_{dtype}"
         exact = dtype == "float32"
         strict += exact
-        row = attempt(rec, key, lambda: one_config(
-            ctx, backend, graphs, dtype, ref32 if exact else refp, sampled=graphs,
-            ref_top2=None if exact else ref_top2))
+        row = attempt(rec, key, lambda backend=backend, graphs=graphs, dtype=dtype, exact=exact: (
+            one_config(ctx, backend, graphs, dtype, ref32 if exact else refp, sampled=graphs,
+                       ref_top2=None if exact else ref_top2)))
         if "error" in row or (exact and mismatched(row)) or (
                 "sampled_served" in row and row["sampled_served"] != len(PROMPT_LENS)):
             bad.append(key)

@@ -41,7 +41,7 @@ def run(ctx: Ctx, rec: Any) -> str:
     wbytes = ls.estimate_weight_bytes(ctx) if not ctx.dry_run else 0
     core = ls.build_core(ctx, False, ls.pool_tokens(ctx, want, wbytes, 131072), 1)
     shape = ls.shape_of(core)
-    rows = [attempt(rec, f"len{n}", lambda: measure(ctx, core, shape, rate, n)) for n in lens]
+    rows = [attempt(rec, f"len{n}", lambda n=n: measure(ctx, core, shape, rate, n)) for n in lens]
     ls.release(core)
     ok = [r for r in rows if "mfu" in r]
     if not ok:

@@ -51,7 +51,7 @@ def git_commit() -> str:
         return os.environ["GPU_CHECK_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "?"
+                              timeout=5, check=False).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
 

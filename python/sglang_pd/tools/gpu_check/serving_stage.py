@@ -70,7 +70,7 @@ def bench(ctx: Ctx, url: str) -> dict[str, Any]:
            "--random-output-len", "32" if not ctx.dry_run else "8", "--random-range-ratio", "1",
            "--request-rate", str(rate), "--output-file", str(out_file), "--disable-tqdm",
            "--request-timeout", "20", "--tokenizer", str(ctx.tiny_model)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=25)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=25, check=False)
     if proc.returncode != 0 or not out_file.exists():
         raise RuntimeError(f"bench_serving exit {proc.returncode}: {proc.stdout[-1500:]} {proc.stderr[-1500:]}")
     rec = json.loads(out_file.read_text().strip().splitlines()[-1])
@@ -109,7 +109,7 @@ def run(ctx: Ctx, rec: Any) -> str:
         for graphs in ([True] if ctx.dry_run else [True, False]):
             proc, url = start_server(ctx, log, graphs)
             start = attempt(rec, f"start_graphs_{'on' if graphs else 'off'}",
-                            lambda: wait_healthy(url, proc, START_TIMEOUT_S) or {"ok": True})
+                            lambda url=url, proc=proc: wait_healthy(url, proc, START_TIMEOUT_S) or {"ok": True})
             if "error" not in start:
                 break
             stop(proc)
