@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from . import aio
 from .admission import Admission, QueueFull
 from .classify import BatchNotSupported, InvalidPrompt, LengthEstimator, prompt_parts
 from .config import RouterConfig
@@ -182,7 +183,8 @@ class RouterService:
             return self._answer(path, "", e.response())
         cls = classify_length(prompt_len, self.threshold)
         self._apply_slo_defaults(body, request, cls)
-        slo = body.get("slo") if isinstance(body.get("slo"), dict) else {}
+        slo_ = body.get("slo")
+        slo: dict[str, Any] = slo_ if isinstance(slo_, dict) else {}
         ttft_ms = slo.get("ttft_ms")
         route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
             ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
@@ -201,7 +203,7 @@ class RouterService:
         assert self.dispatcher is not None
         try:
             # a cancel scope, not wait_for: no extra task per request on the hot path
-            async with asyncio.timeout(self.cfg.request_timeout_s):
+            async with aio.timeout(self.cfg.request_timeout_s):
                 resp = await self.dispatcher.serve(
                     request, path, data, body, route_req, stream, t_arrival,
                     self.metrics.child(self.metrics.added_latency, cls).observe)
@@ -370,7 +372,7 @@ async def serve(cfg: RouterConfig) -> None:
 
 def run_router(cfg: RouterConfig) -> None:
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
         uvloop.install()
     except ImportError:

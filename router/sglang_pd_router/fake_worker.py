@@ -112,7 +112,7 @@ class FakeWorker:
         return web.json_response({"prefill_role": role})
 
     @web.middleware
-    async def _hang(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+    async def _hang(self, request: web.Request, handler):
         while self.hung:
             await asyncio.sleep(0.05)
         return await handler(request)

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from . import aio
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_too_deep
 from .proxy import error_response
 
@@ -145,7 +146,7 @@ class Guard:
             if request.content.is_eof():  # the whole body came with the head: nothing to wait for
                 raw = await self._read(request)
             else:  # a cancel scope, not wait_for: no extra task per request
-                async with asyncio.timeout(self.body_timeout_s):
+                async with aio.timeout(self.body_timeout_s):
                     raw = await self._read(request)
         except TimeoutError:
             request.content.feed_eof()  # nothing more is read from this connection

@@ -25,7 +25,7 @@ def json_too_deep(obj: object, limit: int = MAX_JSON_DEPTH) -> bool:
         node, depth = stack.pop()
         if depth > limit:
             return True
-        for child in (node.values() if isinstance(node, dict) else node):  # type: ignore[union-attr]
+        for child in (node.values() if isinstance(node, dict) else node):
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
     return False

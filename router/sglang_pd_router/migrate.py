@@ -68,8 +68,9 @@ class Resume:
         """The body that continues the request on a new pair (None: nothing left to make).
         Takes the relayed output as the new base."""
         last = self._last() or {}
-        ids = last.get("output_ids") if isinstance(last.get("output_ids"), list) else []
-        meta = last.get("meta_info") if isinstance(last.get("meta_info"), dict) else {}
+        ids_, meta_ = last.get("output_ids"), last.get("meta_info")
+        ids: list[Any] = ids_ if isinstance(ids_, list) else []
+        meta: dict[str, Any] = meta_ if isinstance(meta_, dict) else {}
         self.base = {"output_ids": ids, "text": last.get("text") if isinstance(
             last.get("text"), str) else None, "meta": {k: meta[k] for k in _CONCAT_META
                                                         if isinstance(meta.get(k), list)}}

@@ -230,6 +230,7 @@ class Dispatcher:
         d_task = loop.create_task(self._decode_head(decode, path, data, headers, stream))
         head: DecodeHead | None = None
         answered = False
+        answer: web.StreamResponse
         down: asyncio.Future = loop.create_future()
         prefill.watchers.add(down)  # resolved if either worker turns unhealthy meanwhile
         decode.watchers.add(down)

@@ -191,5 +191,6 @@ async def _drain(run: _Run, tasks: list[asyncio.Task[None]], opts: RunOptions) -
     if pending:
         await asyncio.gather(*pending, return_exceptions=True)
     for t in tasks:
-        if not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # a bug in our code, not a request error: surface it
+        exc = None if t.cancelled() else t.exception()
+        if exc is not None:
+            raise exc  # a bug in our code, not a request error: surface it

@@ -208,13 +208,19 @@ def make_app(cfg: StubConfig, tokenizer_path: str | None = None) -> web.Applicat
     async def model_info(_: web.Request) -> web.Response:
         return web.json_response({"model_path": state.cfg.model_path, "is_generation": True})
 
-    app.router.add_get("/health", lambda _: web.Response(text="ok"))
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def requests_seen(_: web.Request) -> web.Response:
+        return web.json_response(list(state.bodies))
+
+    app.router.add_get("/health", health)
     app.router.add_get("/get_model_info", model_info)
     app.router.add_post("/generate", lambda r: _serve(state, "generate", r))
     app.router.add_post("/v1/completions", lambda r: _serve(state, "completions", r))
     app.router.add_post("/v1/chat/completions", lambda r: _serve(state, "chat", r))
     app.router.add_post("/stub/config", config)
-    app.router.add_get("/stub/requests", lambda _: web.json_response(list(state.bodies)))
+    app.router.add_get("/stub/requests", requests_seen)
     return app
 
 
@@ -235,7 +241,7 @@ async def _main(args: argparse.Namespace) -> None:
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # the kernel's choice when --port 0
+    port = runner.addresses[0][1]  # the kernel's choice when --port 0
     print(f"STUB_READY port={port}", flush=True)
     try:
         await asyncio.sleep(args.lifetime)  # bounded: a forgotten stub exits by itself

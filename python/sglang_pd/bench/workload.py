@@ -9,7 +9,7 @@ replies) plus the new user message: the re-prefill case a prefix cache should ab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sglang_pd.bench.backends import RequestResult, RequestSpec
 from sglang_pd.bench.datasets import WorkItem
@@ -85,7 +85,7 @@ def make_spec(
     t = s.turns[k]
     prompt: Any
     if backend == "sglang":
-        prompt = hist.ids + list(t.new_prompt)  # type: ignore[arg-type]
+        prompt = hist.ids + list(t.new_prompt)
         n = len(prompt)
     elif backend == "sglang-oai":
         prompt = (hist.text + "\n" + str(t.new_prompt)) if hist.text else t.new_prompt
@@ -108,10 +108,11 @@ def extend_history(
     """History after turn ``t`` got reply ``res``."""
     if backend == "sglang":
         reply = res.output_ids if res.output_ids and len(res.output_ids) == res.output_len else None
-        ids = list(spec.prompt) + (reply if reply is not None else list(t.filler_ids or []))  # type: ignore[arg-type]
+        ids: list[int] = list(cast("list[int]", spec.prompt))  # the native backend sends ids
+        ids += reply if reply is not None else list(t.filler_ids or [])
         return History(ids=ids, prompt_len=len(ids))
     if backend == "sglang-oai":
         text = str(spec.prompt) + res.generated_text
         return History(text=text, prompt_len=spec.prompt_len + res.output_len)
-    msgs = [*spec.prompt, {"role": "assistant", "content": res.generated_text}]  # type: ignore[list-item]
+    msgs = [*cast("list[dict[str, str]]", spec.prompt), {"role": "assistant", "content": res.generated_text}]
     return History(messages=msgs, prompt_len=spec.prompt_len + res.output_len)

@@ -31,7 +31,7 @@ an idle engine with queued work always schedules something or aborts a request w
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
 from collections.abc import Iterable, Mapping, Sequence
 
 MAX_PREFILL_PREEMPTIONS = 2  # times one request's partial prefill may be thrown away
@@ -58,13 +58,16 @@ def reserved_pages(started: Iterable[_Partial], page_size: int) -> int:
     return sum(remaining_pages(r, page_size) for r in started)
 
 
-def pick_victim(partials: Sequence[_Partial], rank: Mapping[object, int], preemptions: Mapping[object, int],
-                page_size: int, bounded: bool = True) -> _Partial | None:
+_P = TypeVar("_P", bound=_Partial)
+
+
+def pick_victim(partials: Sequence[_P], rank: Mapping[_P, int], preemptions: Mapping[_P, int],
+                page_size: int, bounded: bool = True) -> _P | None:
     """Rule 3: the partial prefill to throw away, or None. ``partials`` in arrival order;
     ``rank``: positions in the policy's most recent plan; ``preemptions``: times each request
     was thrown away so far. Partials holding all their pages are never chosen; with
     ``bounded``, neither are those already thrown away ``MAX_PREFILL_PREEMPTIONS`` times."""
-    best: _Partial | None = None
+    best: _P | None = None
     best_key: tuple[int, int] | None = None
     unranked = len(rank) + 1
     for i, r in enumerate(partials):

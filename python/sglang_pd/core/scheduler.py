@@ -107,12 +107,12 @@ class PageAdmission:
         if not self.whole_prompt:
             self.reserve += remaining_pages(req, self.page_size) if fresh else -need
 
-    def can_admit(self, req: SchedulerReq, new_tokens: int) -> bool:  # type: ignore[override]
+    def can_admit(self, req: SchedulerReq, new_tokens: int) -> bool:
         ok = self._fits(req, self.pages_needed(req, new_tokens))
         self.refused |= not ok
         return ok
 
-    def admit(self, req: SchedulerReq, new_tokens: int) -> None:  # type: ignore[override]
+    def admit(self, req: SchedulerReq, new_tokens: int) -> None:
         need, fresh = self.pages_needed(req, new_tokens), not req.pages
         req.pages.extend(self.allocator.alloc(need))
         self._took(req, need, fresh)
@@ -281,7 +281,7 @@ class Scheduler:
                 token_budget=tokens,
                 chunk_size=chunk,
                 new_req_slots=self.max_running - len(self.running) - len(self.parked) - len(started),
-                kv=kv,
+                kv=kv,  # type: ignore[arg-type]  # (takes SchedulerReqs: the only kind granted here)
                 rider_contexts=[r.kv_len for r in self.running] if self.cfg.enable_mixed_chunk else (),
             )
             plan = list(self.prefill_policy.schedule(self.waiting, now, budget))
@@ -375,7 +375,7 @@ class Scheduler:
         partials = [r for r in self.waiting if r.pages]
         if not partials:
             return None
-        return pick_victim(partials, self.last_rank, self.prefill_preemptions, self.page_size,  # type: ignore[return-value]
+        return pick_victim(partials, self.last_rank, self.prefill_preemptions, self.page_size,
                            bounded)
 
     def preempt_prefill(self, req: SchedulerReq) -> None:

@@ -221,18 +221,18 @@ class KVSenderManager:
         elif isinstance(ev.msg, m.Claim):
             self._on_claim(ev.peer, ev.msg, now)
         elif isinstance(ev.msg, m.Abort):
-            r = self.rooms.get(ev.msg.room)
-            if r is None:  # unknown or already finished and forgotten: nothing in flight
+            ar = self.rooms.get(ev.msg.room)
+            if ar is None:  # unknown or already finished and forgotten: nothing in flight
                 if ev.msg.room not in self._abandoned:  # (unless a write was given up on)
                     self.server.send(ev.peer, m.AbortAck(room=ev.msg.room))
-            elif r.client_id not in (None, ev.peer):
+            elif ar.client_id not in (None, ev.peer):
                 logger.warning(
                     "room %d: ignoring Abort from %s; the room belongs to %s",
-                    ev.msg.room, ev.peer, r.client_id,
+                    ev.msg.room, ev.peer, ar.client_id,
                 )
             else:
-                r.client_id = ev.peer
-                r.state.on_abort(now, ev.msg.reason)
+                ar.client_id = ev.peer
+                ar.state.on_abort(now, ev.msg.reason)
 
     def _on_claim(self, client_id: str, claim: m.Claim, now: float) -> None:
         # a claim this room cannot take is refused like a Register (decode answers 503: the

@@ -326,7 +326,7 @@ class KVSenderState:
         if not self.cancelling:
             out, self._outbox = self._outbox, []
             return out
-        out: list[Message] = []
+        out = []
         held: list[Message] = []
         for msg in self._outbox:
             if isinstance(msg, Abort):

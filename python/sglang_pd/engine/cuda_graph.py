@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -204,7 +205,7 @@ class CudaGraphRunner:
         self.statics = _Statics.allocate(self.buckets[-1], device)
         backend.init_cuda_graph_state(self.buckets[-1], self.max_context_len, kv_pool)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, ForwardBatch]] = {}
-        self._pool_handle = None
+        self._pool_handle: Any = None  # the graphs' shared memory pool, after the first capture
         # float32 [max_bs, vocab]: every graph writes its logits here, so one buffer stays live
         # instead of one output per graph (0.87 GB for Llama-3-8B's 22 buckets)
         self._logits: torch.Tensor | None = None

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import replace
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
@@ -173,7 +174,7 @@ class EngineCore:
         return self.scheduler.find(rid)  # type: ignore[return-value]
 
     def abort(self, rid: str, message: str = "aborted by the client") -> None:
-        targets = self.scheduler.all_reqs() if rid == "" else [r for r in [self._find(rid)] if r is not None]
+        targets = cast("list[Req]", self.scheduler.all_reqs()) if rid == "" else [r for r in [self._find(rid)] if r is not None]
         now = self.clock()
         for req in targets:
             self.pd.abort(req, now)
@@ -231,7 +232,7 @@ class EngineCore:
                 self._run(step)
             except Exception:  # a failed forward must not leak pages or hang clients
                 logger.exception("forward failed; aborting the %d requests in the batch", len(step.plan))
-                for req in step.reqs:
+                for req in cast("list[Req]", step.reqs):
                     self.pd.abort(req, now)
                     self.finish(req, {"type": "abort", "message": "internal error in the engine"}, status=500)
         self._idle_step = step is None and self.scheduler.has_work
@@ -264,15 +265,16 @@ class EngineCore:
     def _run(self, step: ScheduledStep) -> None:
         runner = self.runner
         if step.mode is ForwardMode.DECODE:
-            reqs = step.reqs
+            reqs = cast("list[Req]", step.reqs)  # (the scheduler holds this engine's Reqs)
             logits = self._forward(runner.build_decode(reqs))
             self.scheduler.after_decode(reqs)
             self._sample_and_accept(reqs, logits, num_first=0)
             return
         # EXTEND, or MIXED: decodes ride along as one-token extends at the end of the plan
-        logits = self._forward(runner.build_extend(step.plan))
-        prefill, decodes = step.prefill_plan, step.decode_reqs
-        done = self.scheduler.after_extend(prefill)
+        logits = self._forward(runner.build_extend(cast("list[tuple[Req, int]]", step.plan)))
+        prefill = cast("list[tuple[Req, int]]", step.prefill_plan)
+        decodes = cast("list[Req]", step.decode_reqs)
+        done = cast("list[Req]", self.scheduler.after_extend(prefill))
         self.scheduler.after_decode(decodes)
         done_set = set(done)
         for r, _ in prefill:
@@ -334,7 +336,8 @@ class EngineCore:
         """Nothing was scheduled although work is queued: the scheduler frees what blocks
         progress and names the requests that can never run (never while a policy holds or
         while pages held by transfers will come back)."""
-        for req, message in self.scheduler.unblock(now):
+        for sreq, message in self.scheduler.unblock(now):
+            req = cast(Req, sreq)
             self.pd.abort(req, now)
             self.finish(req, {"type": "abort", "message": message}, 503)
 
@@ -402,7 +405,7 @@ class EngineCore:
             step_samples=self.take_step_samples() if step_samples else None,
         )
 
-    def _class_stats(self, now: float) -> dict[str, str | int | float]:
+    def _class_stats(self, now: float) -> dict[str, Any]:
         """Per-class queues, SLO deviation, role and busy share (core/load_signals.py)."""
         sched, loads = self.scheduler, self.loads
         threshold = short_threshold(sched.prefill_policy, sched.cfg)

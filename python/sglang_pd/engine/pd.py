@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable
 
 import msgspec
@@ -37,6 +37,8 @@ from sglang_pd.engine.request import Req
 from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
 
 if TYPE_CHECKING:
+    import torch
+
     from sglang_pd.disaggregation.decode_manager import KVReceiverManager
     from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 
@@ -69,7 +71,7 @@ class PDHooks(Protocol):
     def on_first_token(self, req: Req, logprob: float | None, top: list | None, now: float) -> bool: ...
     def abort(self, req: Req, now: float) -> None: ...  # before the engine finishes it
     def forget(self, req: Req) -> None: ...  # after the engine finished it
-    def stats(self) -> dict[str, int | float]: ...
+    def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -102,7 +104,7 @@ class NullPD:
     def forget(self, req: Req) -> None:
         pass
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
@@ -179,11 +181,11 @@ class PrefillSide:
         if _runs_locally(msg):  # nothing to send: prefill_schedulable(runs_locally=True)
             self.core.scheduler.add(req)  # bootstrap_room stays -1: no PD hook fires for it
             return None
-        error = _room_of(msg)
-        if error is None and (msg.bootstrap.room in self.rooms or self.mgr.room_in_use(msg.bootstrap.room)):
-            error = f"bootstrap_room {msg.bootstrap.room} is already in use on this prefill server"
-        if error is None:
-            room = req.bootstrap_room = msg.bootstrap.room
+        error, boot = _room_of(msg), msg.bootstrap
+        if error is None and boot is not None and (boot.room in self.rooms or self.mgr.room_in_use(boot.room)):
+            error = f"bootstrap_room {boot.room} is already in use on this prefill server"
+        if error is None and boot is not None:  # (``_room_of`` found one)
+            room = req.bootstrap_room = boot.room
             self.rooms[room] = req
             self.mgr.expect(room, self.core.clock())  # its bootstrap timeout counts from now
             if prefill_schedulable(self.mgr.decode_registered(room)):
@@ -261,7 +263,7 @@ class PrefillSide:
         self.stats_.last_latency_ms = elapsed * 1e3
         self.stats_.last_speed_gb_s = nbytes / elapsed / 1e9
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, Any]:
         inflight = len(self.core.scheduler.parked) - len(self.bootstrapping)
         return {**self.stats_.as_dict(), "num_prefill_bootstrap_queue_reqs": len(self.bootstrapping),
                 "num_prefill_inflight_queue_reqs": inflight,
@@ -299,7 +301,7 @@ class DecodeSide:
         elif error is None and (room in self.core.scheduler.quarantine or self.mgr.room_in_use(room)):
             error = (f"bootstrap_room {room} belongs to an earlier request whose transfer is still "
                      f"winding down (its pages may still be written); use a new room")
-        if error is not None:
+        if error is not None or msg.bootstrap is None:  # (no bootstrap: ``_room_of`` said so)
             return error
         host, port = msg.bootstrap.host, msg.bootstrap.port
         fail = self.mgr.expect(room, host, port, self.core.clock())  # tells prefill who holds it
@@ -379,7 +381,7 @@ class DecodeSide:
         self.core.scheduler.start_running(req, kv_len=req.prompt_len)
         self.core.accept_token(req, aux.token_id, aux.logprob, aux.top_logprobs, now, first=True)
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, Any]:
         return {**self.stats_.as_dict(), "num_decode_prealloc_queue_reqs": len(self.prealloc),
                 "num_decode_transfer_queue_reqs": len(self.transferring)}
 
@@ -387,7 +389,7 @@ class DecodeSide:
         self.mgr.close()
 
 
-def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: object, host: str, bootstrap_port: int,
+def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: torch.Tensor, host: str, bootstrap_port: int,
                     num_reserved_decode_tokens: int, max_running: int) -> PDHooks:
     """The hooks for ``--mode``, with the NIXL transport for the PD modes."""
     if mode == "colocated":
@@ -396,10 +398,11 @@ def create_pd_hooks(core: PDEngine, mode: str, kv_buffer: object, host: str, boo
     import uuid
 
     from sglang_pd.disaggregation.envs import DisaggEnvs
+    from sglang_pd.disaggregation.transfer.base import KVTransport
     from sglang_pd.disaggregation.transfer.faults import maybe_wrap
     from sglang_pd.disaggregation.transfer.nixl_transport import NixlKVTransport
 
-    transport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", kv_buffer)
+    transport: KVTransport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", kv_buffer)
     transport = maybe_wrap(transport, dict(os.environ))  # fault-injection tests only
     if mode == "prefill":
         from sglang_pd.disaggregation.prefill_manager import KVSenderManager

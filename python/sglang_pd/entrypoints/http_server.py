@@ -177,7 +177,7 @@ def _add_admin_routes(app: FastAPI) -> None:
         rid, abort_all = body.get("rid"), strict_bool(body.get("abort_all"), "abort_all")
         if not abort_all and (not isinstance(rid, str) or not rid):
             raise bad_request("give 'rid' (a request id) or 'abort_all': true")
-        _ctx(request).tm.abort_rid("" if abort_all else rid)
+        _ctx(request).tm.abort_rid(rid if isinstance(rid, str) and not abort_all else "")
         return Response(status_code=200)
 
     @app.get("/metrics")

@@ -95,7 +95,7 @@ def _logprob_triples(items: list[TokenLogprob], state: ReqState, ctx: ServerCont
                      ) -> list[list[Any]]:
     tok = ctx.tm.tokenizer
     with_text = state.return_text_in_logprobs and tok is not None
-    return [[lp.logprob, lp.token_id, tok.token_text(lp.token_id) if with_text else None]
+    return [[lp.logprob, lp.token_id, tok.token_text(lp.token_id) if with_text and tok is not None else None]
             for lp in items]
 
 

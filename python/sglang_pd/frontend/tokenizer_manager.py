@@ -237,8 +237,12 @@ class TokenizerManager:
             tpot_ms = (slo.tpot_ms if slo is not None else None) or self.server_args.slo_tpot_ms
             if not tpot_ms:
                 return None
-            pacer = self.pacers[state.rid] = TokenPacer(
-                tpot_ms / 1e3, lambda out, st=state: None if st.finished else self._apply_output(st, out))
+
+            def apply(out: ReqOutput, st: ReqState = state) -> None:
+                if not st.finished:
+                    self._apply_output(st, out)
+
+            pacer = self.pacers[state.rid] = TokenPacer(tpot_ms / 1e3, apply)
         return pacer
 
     def _drop_pacer(self, rid: str) -> None:

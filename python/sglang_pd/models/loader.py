@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -79,7 +80,7 @@ def _dummy_units(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
         return list(params.items())
     return [
         (name, params[t.param][t.row_start : t.row_start + t.rows])
-        for name, t in model.hf_weight_map().items()
+        for name, t in cast(Any, model).hf_weight_map().items()
     ]
 
 
@@ -172,7 +173,7 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
                     loaded.add(name)
     if unexpected:
         raise ValueError(
-            f"checkpoint {path} has {len(unexpected)} tensor(s) this {model.config.architecture} "
+            f"checkpoint {path} has {len(unexpected)} tensor(s) this {cast(Any, model).config.architecture} "
             f"config does not use: {_names(unexpected)}"
         )
     missing = [n for n in targets if n not in loaded]

@@ -49,6 +49,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, replace
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -159,7 +160,7 @@ class PrefillCostModel:
         return cls.from_profile(load_profile(cfg.cost_model_profile))
 
     @classmethod
-    def from_profile(cls, profile: Profile, **kwargs) -> PrefillCostModel:
+    def from_profile(cls, profile: Profile, **kwargs: Any) -> PrefillCostModel:
         """A profile's measured prefill steps as the prior grid (docs/profile.md). Prior
         coefficients: the profile's ``coeffs`` (b and g_w timed apart) when given, else fitted to
         the grid, whose b/g_w split is then unknown (``boundary_tokens`` is None)."""
@@ -199,7 +200,8 @@ class PrefillCostModel:
         float64 numbers)."""
         c = self.coeffs
         l, h = new_tokens, context_tokens
-        return c.per_req_s + c.a * l * (l + 2 * h) + (c.b + c.g_w) * l + c.g_r * h
+        s: np.ndarray = c.per_req_s + c.a * l * (l + 2 * h) + (c.b + c.g_w) * l + c.g_r * h
+        return s
 
     def request_s(self, new_tokens: int, context_tokens: int = 0, chunk: int | None = None) -> float:
         """Prefill ``new_tokens`` after ``context_tokens`` alone, one chunk of at most ``chunk``
@@ -216,7 +218,7 @@ class PrefillCostModel:
         is charged one launch here)."""
         c = self.coeffs
         fixed, a, k, gr = c.launch_s + c.per_req_s, c.a, c.b + c.g_w, c.g_r
-        out = []
+        out: list[float] = []
         append = out.append
         for r, h in zip(new_tokens, context_tokens):
             n, quad, ctx = work_features(r, h, chunk)
@@ -368,7 +370,9 @@ def work_features(new_tokens: int, context_tokens: int, chunk: int | None) -> tu
     n (one per step, at least 1), r(r + 2H) (the attention pairs of all chunks together) and the
     context before each chunk, summed (n H + chunk n(n - 1) / 2)."""
     r, h = new_tokens, context_tokens
-    n = 1 if not chunk or chunk >= r else -(-r // chunk)
+    if not chunk or chunk >= r:
+        return 1, r * (r + 2 * h), h
+    n = -(-r // chunk)
     return n, r * (r + 2 * h), n * h + chunk * n * (n - 1) // 2 if n > 1 else h
 
 

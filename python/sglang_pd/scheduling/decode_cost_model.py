@@ -42,6 +42,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Sequence
+from typing import Any
 
 from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
@@ -91,7 +92,7 @@ def _nearest(axis: Sequence[int], x: float) -> int:
     return i + 1 if w > 0.5 else i if w >= 0 else 0
 
 
-def fit_linear(cells: Sequence[tuple[int, int, float]]) -> DecodeCoeffs:
+def fit_linear(cells: Sequence[tuple[int, float, float]]) -> DecodeCoeffs:
     """Least-squares ``DecodeCoeffs`` through (batch, total context, seconds) points, relative
     errors; a negative coefficient is dropped and the rest refitted (small 3x3 systems)."""
     if not cells:
@@ -186,7 +187,7 @@ class DecodeCostModel:
         return cls.from_profile(load_profile(cfg.cost_model_profile), padded=padded)
 
     @classmethod
-    def from_profile(cls, profile: Profile, **kwargs) -> DecodeCostModel:
+    def from_profile(cls, profile: Profile, **kwargs: Any) -> DecodeCostModel:
         return cls(grid=profile.decode, **kwargs)
 
     # ------------------------------------------------------------------ reading

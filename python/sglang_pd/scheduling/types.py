@@ -102,7 +102,7 @@ class PrefillBudget:
         (issue 20: decision time)."""
         admit_run = getattr(self.kv, "admit_run", None)
         if admit_run is not None:
-            k = admit_run(reqs, ns)
+            k: int = admit_run(reqs, ns)
         else:
             can, admit = self.kv.can_admit, self.kv.admit
             k = 0

@@ -25,7 +25,7 @@ Slices and copies are plain lists (no columns): policies fed those read the requ
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -67,7 +67,7 @@ def _ints(r: SchedReq) -> tuple[int, int, int]:
     return r.prefilled_len, r.cached_len, r.prefill_remaining
 
 
-class WaitingQueue(list):
+class WaitingQueue(list[Any]):
     """Requests in arrival order, with numpy columns of their numbers (module docstring)."""
 
     def __init__(self, reqs: Iterable[SchedReq] = (), chunk: int | None = None) -> None:
@@ -184,14 +184,14 @@ class WaitingQueue(list):
         if k < n:
             self._pair(k, k + 1, 1)
 
-    def append(self, req: SchedReq) -> None:  # type: ignore[override]
+    def append(self, req: SchedReq) -> None:
         self.insert(len(self), req)
 
-    def extend(self, reqs: Iterable[SchedReq]) -> None:  # type: ignore[override]
+    def extend(self, reqs: Iterable[SchedReq]) -> None:
         for r in reqs:
             self.insert(len(self), r)
 
-    def __iadd__(self, reqs: Iterable[SchedReq]) -> WaitingQueue:  # type: ignore[override]
+    def __iadd__(self, reqs: Iterable[SchedReq]) -> WaitingQueue:  # type: ignore[override,misc]
         self.extend(reqs)
         return self
 
@@ -218,9 +218,10 @@ class WaitingQueue(list):
         self._o[n - 1] = None
         if 0 < k < n - 1:
             self._pair(k - 1, k, 1)  # the neighbours it separated
-        return list.pop(self, k)
+        req: SchedReq = list.pop(self, k)
+        return req
 
-    def remove(self, req: SchedReq) -> None:  # type: ignore[override]
+    def remove(self, req: SchedReq) -> None:
         self.pop(self.position(req))
 
     def __delitem__(self, index: int) -> None:  # type: ignore[override]
@@ -242,7 +243,7 @@ class WaitingQueue(list):
     def reverse(self) -> None:
         raise TypeError("WaitingQueue keeps arrival order")
 
-    def __imul__(self, n: int) -> WaitingQueue:  # type: ignore[override]
+    def __imul__(self, n: int) -> WaitingQueue:  # type: ignore[override,misc]
         raise TypeError("WaitingQueue holds each request once")
 
     def refresh(self, req: SchedReq) -> None:

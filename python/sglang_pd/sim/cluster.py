@@ -25,6 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from collections.abc import Callable
+from typing import cast
 
 from sglang_pd_router.controller import ControllerConfig, InstanceSignals, PoolController, RoleMove
 from sglang_pd_router.policies import (RouteRequest, RoutingConfig, WorkerView, classify_length,
@@ -231,6 +232,7 @@ class Cluster:
             t = r.track
             t.decode_ready = self.now
             p = self.front[t.p_inst]
+            assert t.preq is not None  # (a PD request: both sides' requests exist)
             if p.decode_reserved(t.preq):  # decode's Register: the prefill may schedule it now
                 self._kick(p)
             if t.prefill_done is not None:
@@ -239,6 +241,7 @@ class Cluster:
                 self._push(self.now + self.spec.pd_timeout_s, _TIMEOUT, t)
 
     def _start_transfer(self, t: Track) -> None:
+        assert t.prefill_done is not None and t.decode_ready is not None  # (both sides ready)
         done = self.transfer.done_at(t.prompt_len, t.last_chunk, t.first_chunk_done or t.prefill_done,
                                      t.prefill_done, t.decode_ready)
         t.xfer_started = True
@@ -275,6 +278,7 @@ class Cluster:
         if t.error:
             return
         p, d = self.front[t.p_inst], self.decodes[t.d_inst]
+        assert t.preq is not None and t.dreq is not None  # (a PD request)
         p.sched.remove(t.preq)
         t.preq.state = ReqState.FINISHED
         p.in_flight -= 1
@@ -437,9 +441,9 @@ class Cluster:
                     self._fail(obj, f"decode did not pre-allocate within {self.spec.pd_timeout_s:g} s "  # type: ignore[arg-type]
                                     "of arrival (PD bootstrap timeout)")
             else:
-                inst = obj
-                inst.wake_at = None  # type: ignore[union-attr]
-                self._kick(inst)  # type: ignore[arg-type]
+                inst = cast(Instance, obj)
+                inst.wake_at = None
+                self._kick(inst)
             if closed:
                 if not pending:
                     issue_queue.clear()

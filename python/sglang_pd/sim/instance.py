@@ -65,9 +65,9 @@ class ClusterReq(SimReq):
     tokens over no context: work estimates miss the cached context's read cost), and from its
     first grant on, the true values."""
 
-    track: Track | None = None
+    track: Track = None  # type: ignore[assignment]  # always given: the cluster makes it with its Track
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[misc]
     def cached_len(self) -> int:
         return self._hit if self.pages else 0
 
@@ -90,7 +90,7 @@ def _set_exact(policy: object, model: object) -> None:
             continue
         seen.add(id(obj))
         if hasattr(obj, "model"):
-            obj.model = model  # type: ignore[attr-defined]
+            obj.model = model
         stack += [getattr(obj, a) for a in ("long_policy", "awd", "inner", "policy") if hasattr(obj, a)]
 
 
@@ -133,7 +133,7 @@ class Instance:
         if self.exact:  # the no-prediction-error reference: both policies read the truth
             _set_exact(pp, self.cost.exact_model())
             if hasattr(dp, "model"):
-                dp.model = ExactDecode(self.cost.decode)  # type: ignore[attr-defined]
+                dp.model = ExactDecode(self.cost.decode)
         self.sched = Scheduler(CountingAllocator(pages), self.cfg, pp, dp,
                                whole_prompt_pages=whole_prompt_pages(self.role))
 
@@ -144,7 +144,7 @@ class Instance:
     @property
     def prefill_role(self) -> str:
         """The class this instance serves now: the dual-queue policy's (switchable) role."""
-        return getattr(self.sched.prefill_policy, "role", None) or getattr(self.cfg, "prefill_role", "both")
+        return str(getattr(self.sched.prefill_policy, "role", None) or getattr(self.cfg, "prefill_role", "both"))
 
     def set_prefill_role(self, role: str) -> None:
         """As ``EngineCore.set_prefill_role`` (the server's /set_prefill_role)."""
@@ -152,7 +152,7 @@ class Instance:
         if not hasattr(policy, "set_role"):
             raise ValueError(f"instance {self.name}: the prefill role can only change with --prefill-queues dual "
                              "(or a --prefill-role)")
-        policy.set_role(role)  # type: ignore[attr-defined]
+        policy.set_role(role)
 
     def record_first_token(self, req: ClusterReq, now: float) -> None:
         """A first token computed here: its (TTFT - SLO) / SLO into its class's deviation."""

@@ -8,7 +8,7 @@ over time, and PNG plots (bench/plots.py for a run; attainment vs QPS per policy
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def request_record(t: Track) -> dict[str, Any]:
             "request_class": t.request_class, "slo_ttft_s": t.slo_ttft_s,
             "prefill_instance": t.p_inst,
             "decode_instance": t.d_inst, "prefill_done_s": t.prefill_done, "first_token_s": t.first_token,
-            "finish_s": t.finish, "ttft_s": (t.first_token - t.arrival) if ok else None, "tpot_s": tpot,
+            "finish_s": t.finish, "ttft_s": (t.first_token - t.arrival) if ok and t.first_token is not None else None, "tpot_s": tpot,
             "e2e_s": (t.finish - t.arrival) if ok and t.finish is not None else None, "error": t.error}
 
 
@@ -142,7 +142,7 @@ def plot_queues(res: SimResult, path: str | Path, title: str) -> Path:
     return p
 
 
-def plot_policy_sweep(qps: Sequence[float], series: dict[str, Sequence[BenchMetrics]], out: str | Path,
+def plot_policy_sweep(qps: Sequence[float], series: Mapping[str, Sequence[BenchMetrics]], out: str | Path,
                       title: str) -> list[Path]:
     """One PNG per metric (E2E, TTFT, TPOT attainment, goodput): a line per policy vs QPS."""
     from matplotlib.figure import Figure

@@ -109,8 +109,8 @@ def make_cases(n: int, seed: int, model: str, pd: dict[str, Any]) -> list[Case]:
         ("/v1/chat/completions", {**chat, "functions": [{"name": "f"}]}),
         ("/abort_request", {"abort_all": "false"}),
     ]
-    for path, body in targeted:
-        cases.append(Case("POST", path, _dump(body), "targeted " + _short(body)[:60]))
+    for path, obj in targeted:
+        cases.append(Case("POST", path, _dump(obj), "targeted " + _short(obj)[:60]))
     for hdr in ({"x-slo-ttft-ms": "nan"}, {"x-slo-tpot-ms": "-1"}, {"x-slo-ttft-ms": "1e400"},
                 {"content-type": "text/plain"}):
         cases.append(Case("POST", "/generate", _dump(bases["/generate"]), f"header {hdr}", hdr))

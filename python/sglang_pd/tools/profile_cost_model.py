@@ -62,7 +62,7 @@ class TimedAttention(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self.inner.init_forward_metadata(batch)
 
-    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch,  # type: ignore[override]
+    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch,
                 scale: float) -> torch.Tensor:
         self.sync()
         t = time.perf_counter()
@@ -138,12 +138,13 @@ class Profiler:
         if any(r is None for r in reqs):
             self._free([r for r in reqs if r is not None])
             return None
-        plan = [(r, new_tokens) for r in reqs]
+        ready = [r for r in reqs if r is not None]  # all of them (checked above)
+        plan = [(r, new_tokens) for r in ready]
         runner = self.core.runner
 
         def run() -> None:
             logits = runner.forward(runner.build_extend(plan))
-            sample(logits, reqs, self.core.eos_ids)  # type: ignore[arg-type]
+            sample(logits, ready, self.core.eos_ids)
 
         try:
             return self._time(run)

@@ -18,6 +18,7 @@ Importing this module imports flashinfer and triton; the registry imports it ins
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import flashinfer
 import torch
@@ -43,8 +44,8 @@ class FlashInferMetadata:
 class FlashInferAttnBackend(AttentionBackend):
     def __init__(self) -> None:
         self._workspace: torch.Tensor | None = None
-        self._decode: object | None = None  # made on the first decode plan (needs the GQA group)
-        self._prefill: object | None = None
+        self._decode: Any = None  # flashinfer wrapper, made on the first decode plan (needs the GQA group)
+        self._prefill: Any = None
 
     def _workspace_on(self, device: torch.device) -> torch.Tensor:
         if self._workspace is None:

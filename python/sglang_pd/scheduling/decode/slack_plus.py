@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
 from sglang_pd.scheduling.types import R
@@ -64,7 +65,7 @@ from sglang_pd.scheduling.types import R
 class SlackPlusDecodePolicy(SlackDecodePolicy):
     name = "slack+"
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._behind_skipped: set[str] = set()  # behind-pace requests left out of the last step
 

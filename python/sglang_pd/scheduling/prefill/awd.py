@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,12 +59,12 @@ RATE_WINDOW = 32
 
 @dataclass
 class AwdDecision:
-    batch: list  # the requests to dispatch now (empty: hold or nothing to do)
+    batch: list[Any]  # the requests to dispatch now (empty: hold or nothing to do)
     hold_until: float | None = None  # when not dispatching: the next moment worth deciding again
     reason: str = ""  # why it dispatched (depth, slack, hol, window, tokens) or held
     round_start: float = 0.0  # when this batching round began (for ``dispatched``)
     # the batch as positions in the short queue's ``Queue`` (its numbers, for the grants)
-    queue: Queue | None = None
+    queue: Queue[Any] | None = None
     positions: np.ndarray | None = None
     capped: bool = False  # D_max (slots, tokens) was below D: not a signal about the wait
 
@@ -118,7 +119,7 @@ class AwdBatcher:
         return None if slo is None else req.arrival + slo - self.margin
 
     # ------------------------------------------------------------------ the decision
-    def decide(self, short: Sequence[R] | Queue, now: float, token_budget: int, slots: int) -> AwdDecision:
+    def decide(self, short: Sequence[R] | Queue[R], now: float, token_budget: int, slots: int) -> AwdDecision:
         """What to do with the short queue now. ``short``: short requests in arrival order (a
         ``Queue`` of them, or any sequence: read into one here). Computed on the queue's
         columns (issue 20: decision time); the batch is picked by position."""

@@ -68,7 +68,7 @@ class DeadlinePolicy(PrefillPolicy):
     def deadline(self, req: R) -> float:
         return req.arrival + (req.slo_ttft_s or self.default_slo_s) - self.margin_s
 
-    def deadlines(self, q: Queue) -> np.ndarray:
+    def deadlines(self, q: Queue[R]) -> np.ndarray:
         d = q.slos(self.default_slo_s)  # a new array: summed into in place (a + b == b + a)
         d += q.arrival
         d -= self.margin_s
@@ -78,7 +78,7 @@ class DeadlinePolicy(PrefillPolicy):
         """Seconds of prefill still to do (alone, chunk by chunk)."""
         return self.model.request_s(req.prefill_remaining, req.prefilled_len, self.chunk)
 
-    def works(self, q: Queue) -> np.ndarray:
+    def works(self, q: Queue[R]) -> np.ndarray:
         n, quad, ctx = q.work_features(self.chunk)
         return self.model.times_of(n, quad, ctx, q.remf)
 
@@ -87,7 +87,7 @@ class DeadlinePolicy(PrefillPolicy):
         new = req.prefilled_len + req.prefill_remaining - req.cached_len
         return self.model.request_s(new, req.cached_len, self.chunk)
 
-    def total_works(self, q: Queue) -> np.ndarray:
+    def total_works(self, q: Queue[R]) -> np.ndarray:
         return self.model.request_times_array(q.pre + q.rem - q.cached, q.cached, self.chunk,
                                               empty_is_zero=True)
 
@@ -95,7 +95,7 @@ class DeadlinePolicy(PrefillPolicy):
         """Medha §4.1's relative slack: (deadline - now - remaining work) / total work."""
         return (self.deadline(req) - now - self.work_s(req)) / max(self.total_work_s(req), 1e-9)
 
-    def walk(self, q: Queue, order: Order | Sequence[int] | np.ndarray, budget: PrefillBudget,
+    def walk(self, q: Queue[R], order: Order | Sequence[int] | np.ndarray, budget: PrefillBudget,
              fits: Callable[[R, int], bool | None] | None = None, now: float = 0.0,
              cut: Cut | None = None) -> list[tuple[R, int]]:
         """``walk.walk`` with this policy's partial bound and, with a step-time budget, its
@@ -134,5 +134,6 @@ def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float, disti
 
 def fcfs_finish(arrivals: Sequence[float], works: Sequence[float], now: float) -> list[float]:
     """``fcfs_finish_array`` over lists."""
-    return fcfs_finish_array(np.asarray(arrivals, dtype=np.float64), np.asarray(works, dtype=np.float64),
-                             now).tolist()
+    fin: list[float] = fcfs_finish_array(np.asarray(arrivals, dtype=np.float64),
+                                         np.asarray(works, dtype=np.float64), now).tolist()
+    return fin

@@ -85,16 +85,19 @@ class DualQueuePrefillPolicy(PrefillPolicy):
     def is_short(self, req: SchedReq) -> bool:
         return req.prefilled_len + req.prefill_remaining - req.cached_len <= self.threshold(req.cached_len)
 
-    def short_mask(self, q: Queue) -> np.ndarray:
+    def short_mask(self, q: Queue[R]) -> np.ndarray:
         """``is_short`` of every request of the queue, from its columns."""
         new = q.pre + q.rem - q.cached
+        short: np.ndarray
         if self._fixed_threshold is not None:
-            return new <= self._fixed_threshold
+            short = new <= self._fixed_threshold
+            return short
         thr = np.full(len(new), self.short_threshold.value, dtype=np.int64)
         hit = np.flatnonzero(q.cached > 0)
         if len(hit):  # re-prefills over a context: their own boundary (a few; one per context)
             thr[hit] = [self.threshold(h) for h in q.cached[hit].tolist()]
-        return new <= thr
+        short = new <= thr
+        return short
 
     def partition(self, waiting: Sequence[R]) -> tuple[list[R], list[R]]:
         q = Queue(waiting)
@@ -102,7 +105,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         return q.pick(np.flatnonzero(mask)), q.pick(np.flatnonzero(~mask))
 
     @staticmethod
-    def _part(waiting: Sequence[R], q: Queue, idx: np.ndarray) -> Sequence[R]:
+    def _part(waiting: Sequence[R], q: Queue[R], idx: np.ndarray) -> Sequence[R]:
         """The requests at ``idx``: a ``WaitingQueue`` with its columns taken when the queue has
         them (the wrapped policy then reads columns too), else a list."""
         if isinstance(waiting, WaitingQueue):
@@ -159,7 +162,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             budget.hold_until(decision.hold_until)
         return []
 
-    def _grant_all(self, reqs: Sequence[R] | Queue, budget: PrefillBudget) -> list[tuple[R, int]]:
+    def _grant_all(self, reqs: Sequence[R] | Queue[R], budget: PrefillBudget) -> list[tuple[R, int]]:
         """``budget.grant`` to each in order: a request that needs a new slot when none is left
         is skipped (started ones may still go), any other refusal ends it (no backfilling
         past a KV refusal). Worked out on the numbers, KV asked once (``grant_run``)."""
@@ -173,7 +176,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             k = budget.grant_run(batch, ns, q.fresh.tolist())
             return list(zip(batch[:k], ns[:k]))
         idx: list[int] = []
-        ns: list[int] = []
+        ns = []
         starts: list[bool] = []
         for k, (rem, fresh) in enumerate(zip(q.rem.tolist(), q.fresh.tolist())):
             n = min(rem, tokens, chunk)
@@ -193,7 +196,8 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         return list(zip(batch[:k], ns[:k]))
 
     def _short(self, decision: AwdDecision, now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
-        src = decision.queue.sub(decision.positions) if decision.queue is not None else decision.batch
+        src = decision.queue.sub(decision.positions) \
+            if decision.queue is not None and decision.positions is not None else decision.batch
         plan = self._grant_all(src, budget)
         if plan:
             capped = decision.capped or len(plan) < len(decision.batch)  # slots, tokens or KV
@@ -202,7 +206,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             self.last_class = "short"
         return plan
 
-    def _short_now(self, short: Sequence[R] | Queue, now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
+    def _short_now(self, short: Sequence[R] | Queue[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         plan = self._grant_all(short, budget)
         if plan:
             self.last_short_step = now

@@ -85,11 +85,11 @@ class KairosPrefillPolicy(DeadlinePolicy):
         if step.mode is ForwardMode.EXTEND:
             self.mu.add(step.new_tokens, elapsed_s)
 
-    def urgency(self, q: Queue, now: float) -> np.ndarray:
+    def urgency(self, q: Queue[R], now: float) -> np.ndarray:
         """u of every request (Alg. 1 lines 4-9), in the queue's (arrival) order."""
         return -self._minus_urgency(q, now)
 
-    def _minus_urgency(self, q: Queue, now: float) -> np.ndarray:
+    def _minus_urgency(self, q: Queue[R], now: float) -> np.ndarray:
         """-u, the key of the order (u descending), without a negation: -(x - y) = y - x and
         -(x / y) = (-x) / y exactly in floating point, so it is the negation of ``urgency``."""
         inv_mu = 1.0 / self.mu.tps

@@ -46,6 +46,7 @@ goes through ``budget.grant`` (``common.walk``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,10 +69,10 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
     def __init__(self, cfg: PolicyConfig | None = None, cost_model: PrefillCostModel | None = None) -> None:
         super().__init__(cfg, cost_model)
         self.starve_factor = self.cfg.prefill_starve_factor
-        self._urgent: set = set()  # requests served as urgent: stay so until their prefill ends
+        self._urgent: set[Any] = set()  # requests served as urgent: stay so until their prefill ends
         self._rescuing = _NO_POS  # positions of those still urgent in the last ``classify``
 
-    def classify(self, q: Queue, now: float,
+    def classify(self, q: Queue[R], now: float,
                  step_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every request's group, its key in the group (the order: by group, then key, ties in
         arrival order), laxity and work."""
@@ -79,7 +80,7 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         refine()
         return group, key, lax, work
 
-    def _classify(self, q: Queue, now: float, step_s: float
+    def _classify(self, q: Queue[R], now: float, step_s: float
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Callable[[], None]]:
         """``classify`` with ON_TIME and SALVAGEABLE not yet told apart (both ON_TIME, keyed by
         work) until ``refine()`` is called, which rewrites them in place.
@@ -142,7 +143,7 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         cut = RoomCut(model, q.pre, group, laxity, work, safety)
         room_at = cut.rooms
 
-        room: dict | None = None  # urgent request -> its room, for ``fits``
+        room: dict[object, float] | None = None  # urgent request -> its room, for ``fits``
         spare: list[float] = []
 
         def fits(req: R, n: int) -> bool | None:
@@ -152,7 +153,7 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
                 if delta > spare[0]:
                     return None  # as Kairos's walk: the first that does not fit ends the step
                 spare[0] -= delta
-            if req in room:
+            if room is not None and req in room:  # (``fits`` is used only with rooms)
                 spare[:] = [min(spare[0], room[req])] if spare else [room[req]]
             return True
 
@@ -195,7 +196,8 @@ class RoomCut:
 
     def rooms(self, pos: np.ndarray) -> np.ndarray:
         """Seconds the urgent requests at ``pos`` can give away: laxity beyond the margin."""
-        return np.maximum(self.laxity[pos] - self.safety * self.work[pos], 0.0)
+        rooms: np.ndarray = np.maximum(self.laxity[pos] - self.safety * self.work[pos], 0.0)
+        return rooms
 
     def __call__(self, pos: np.ndarray, ns: np.ndarray) -> int:
         """How many of the plan (queue positions, tokens) to keep."""

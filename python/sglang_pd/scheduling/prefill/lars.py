@@ -35,7 +35,7 @@ FEW = 16  # started requests up to which their total work is computed one by one
 class LarsPrefillPolicy(DeadlinePolicy):
     name = "lars"
 
-    def rhos(self, q: Queue, now: float) -> np.ndarray:
+    def rhos(self, q: Queue[R], now: float) -> np.ndarray:
         works = self.works(q)
         rho = self.deadlines(q)
         rho -= now

@@ -29,6 +29,8 @@ class Queue(Generic[R]):
 
     __slots__ = ("reqs", "arrival", "slo", "pre", "cached", "rem", "fresh", "n_started", "_objs",
                  "_remf", "_pref", "_features", "_ordered", "_distinct", "_src")
+    _ordered: bool | None  # None: not known yet (a sub-queue asks its parent)
+    _distinct: bool | None
 
     def __init__(self, waiting: Sequence[R]) -> None:
         self.reqs = waiting
@@ -38,7 +40,7 @@ class Queue(Generic[R]):
             self._objs: np.ndarray | None = c.objects
             self._remf: np.ndarray | None = c.remaining_f
             self._pref: np.ndarray | None = c.prefilled_f
-            self._features: tuple | None = (waiting.chunk, (c.chunks, c.quad, c.context_sum))
+            self._features: tuple[int | None, tuple[np.ndarray, ...]] | None = (waiting.chunk, (c.chunks, c.quad, c.context_sum))
             # arrivals ascending / and all different (the queue counts its neighbour pairs)
             self._ordered, self._distinct = waiting.ordered, waiting.distinct
         else:
@@ -50,7 +52,7 @@ class Queue(Generic[R]):
             self.rem = np.fromiter((r.prefill_remaining for r in waiting), np.int64, n)
             self._objs = self._remf = self._pref = self._features = None
             self._ordered = self._distinct = False  # not known: not assumed
-        self._src: tuple[Queue, np.ndarray] | None = None  # a sub-queue's parent and positions
+        self._src: tuple[Queue[R], np.ndarray] | None = None  # a sub-queue's parent and positions
         # not started: no KV of its own yet (prefix-cache hits count as context, not as started)
         self.fresh = self.pre <= self.cached
         self.n_started = len(self.fresh) - int(np.count_nonzero(self.fresh))  # holding pages
@@ -72,7 +74,7 @@ class Queue(Generic[R]):
             self._pref = self.pre.astype(np.float64)
         return self._pref
 
-    def work_features(self, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def work_features(self, chunk: int) -> tuple[np.ndarray, ...]:
         """``cost_model.work_features`` of every request: the waiting queue's columns when it
         keeps them for this chunk size, else computed here."""
         f = self._features
@@ -130,7 +132,8 @@ class Queue(Generic[R]):
     def pick(self, idx: np.ndarray) -> list[R]:
         """``[reqs[i] for i in idx]``."""
         if self._objs is not None:
-            return self._objs[idx].tolist()
+            picked: list[R] = self._objs[idx].tolist()
+            return picked
         reqs = self.reqs
         return [reqs[i] for i in idx.tolist()]
 
@@ -145,7 +148,7 @@ class Queue(Generic[R]):
         out._src = (self, idx)  # features and order properties taken from here when asked
         if self._objs is not None:
             out._objs = self._objs[idx]
-            out.reqs = out._objs  # read by position only
+            out.reqs = out._objs  # type: ignore[assignment]  # read by position only
         else:
             out._objs = None
             out.reqs = self.pick(idx)
@@ -198,7 +201,7 @@ class Order:
     def of(cls, perm: Sequence[int] | np.ndarray) -> Order:
         perm = np.asarray(perm, dtype=np.intp)
         o = cls.__new__(cls)
-        o.key = o.group = o._refine = None
+        o.key = o.group = o._refine = None  # type: ignore[assignment]  # no keys: ``rest`` checks
         o._refine_from = 0
         o.n = len(perm)
         o._head = o._full = perm
@@ -259,6 +262,7 @@ class Order:
         is partitioned first when it is much larger than what is left to take); ``None`` for a
         NaN at the cut (sort whole instead)."""
         group, key = self.group, self.key
+        assert group is not None  # (a grouped order)
         counts = np.bincount(group).tolist()
         if self._refine is not None and sum(counts[: self._refine_from]) < k:
             self._refined()  # the head reaches the provisional groups
@@ -287,13 +291,15 @@ class Order:
         ``mask`` (over the queue) holds, in order."""
         self._refined()
         h = self._head
-        rest = h[p:]
+        assert h is not None  # (``head`` came first)
+        rest: np.ndarray = h[p:]
         rest = rest[mask[rest]]
         if h is self._full:
             return rest
         seen = np.zeros(self.n, dtype=bool)
         seen[h] = True
-        return np.concatenate((rest, self._sorted((mask & ~seen).nonzero()[0])))
+        out: np.ndarray = np.concatenate((rest, self._sorted((mask & ~seen).nonzero()[0])))
+        return out
 
     def known(self, p: int) -> np.ndarray:
         """The positions past the first ``p`` of the order that are already sorted (what
@@ -308,6 +314,7 @@ class Order:
         many). ``mask`` is a fresh array of the caller's: it is changed here."""
         self._refined()
         h = self._head
+        assert h is not None  # (``head`` came first)
         if self.key is None:  # an order given as positions: the rank in it is the key
             ranks = np.zeros(self.n, dtype=bool)
             ranks[p:] = mask[h[p:]]

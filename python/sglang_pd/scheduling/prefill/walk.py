@@ -45,7 +45,7 @@ _NO_TOKENS = np.empty(0, dtype=np.int64)
 Cut = Callable[[np.ndarray, np.ndarray], int]
 
 
-def walk(q: Queue, order: Order | Sequence[int] | np.ndarray, budget: PrefillBudget, max_partial: int,
+def walk(q: Queue[R], order: Order | Sequence[int] | np.ndarray, budget: PrefillBudget, max_partial: int,
          fits: Callable[[R, int], bool | None] | None = None,
          chunker: TimeBudgetChunker | None = None, cut: Cut | None = None) -> list[tuple[R, int]]:
     """Grant ``q.reqs[i] for i in order`` (every waiting request once, in the policy's order)
@@ -61,7 +61,7 @@ def walk(q: Queue, order: Order | Sequence[int] | np.ndarray, budget: PrefillBud
     return _walk_one_by_one(q, order, budget, max_partial, fits, chunker)
 
 
-def grant_plan(q: Queue, budget: PrefillBudget, pos: np.ndarray, ns: np.ndarray) -> list[tuple[R, int]]:
+def grant_plan(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarray) -> list[tuple[R, int]]:
     """Grant ``ns[j]`` tokens to the request at ``pos[j]``, in order (``budget.grant_run``: the
     plan was worked out from the numbers; only KV admission is asked, cut at its first refusal)."""
     if not len(pos):
@@ -72,7 +72,7 @@ def grant_plan(q: Queue, budget: PrefillBudget, pos: np.ndarray, ns: np.ndarray)
     return list(zip(reqs[:k], tokens[:k])) if k < len(reqs) else list(zip(reqs, tokens))
 
 
-def plan_numbers(q: Queue, order: Order, budget: PrefillBudget, max_partial: int,
+def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
                  cut: Cut | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The walk without ``fits`` or a chunker, before KV admission: the queue positions granted
     and their tokens, in plan order (module docstring), cut by ``cut``. ``budget`` is read,
@@ -181,7 +181,7 @@ def _emit(pos: list[np.ndarray], ns: list[np.ndarray], seg: np.ndarray, c: np.nd
             ns.append(c[:k][sel])
 
 
-def _tail(q: Queue, order: Order, p: int, tokens: int, slots: int, chunk: int,
+def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int,
           pos: list[np.ndarray], ns: list[np.ndarray]) -> None:
     """The walk past position ``p`` of the order once fresh requests go only whole within the
     tokens left (the partial bound is reached and fewer than a chunk is left) or not at all
@@ -277,7 +277,7 @@ def _add(pos: list[np.ndarray], ns: list[np.ndarray], got: list[int], got_n: lis
         ns.append(np.array(got_n, dtype=np.int64))
 
 
-def _walk_one_by_one(q: Queue, order: Order, budget: PrefillBudget, max_partial: int,
+def _walk_one_by_one(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
                      fits: Callable[[R, int], bool | None] | None,
                      chunker: TimeBudgetChunker | None) -> list[tuple[R, int]]:
     """The walk asking ``fits`` and the chunker request by request, the order read a block at

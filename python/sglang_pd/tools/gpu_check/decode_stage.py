@@ -6,6 +6,7 @@ recorded and the stage goes on eagerly. Cells that do not fit the card's memory 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -69,7 +70,7 @@ def run(ctx: Ctx, rec: Any) -> str:
     cells = []
     for c in contexts:
         for b in batches:
-            cells.append(attempt(rec, f"b{b}_c{c}", lambda b=b, c=c: measure_cell(ctx, core, shape, bw, b, c)))
+            cells.append(attempt(rec, f"b{b}_c{c}", partial(measure_cell, ctx, core, shape, bw, b, c)))
     ls.release(core)
     ok = [c for c in cells if "eager_ms" in c]
     if not ok:

@@ -39,7 +39,7 @@ def software() -> dict[str, Any]:
     return info
 
 
-def measure_ceilings(ctx: Ctx, small: bool = False) -> dict[str, float]:
+def measure_ceilings(ctx: Ctx, small: bool = False) -> dict[str, Any]:
     """Copy: 2 GiB (64 MiB on CPU) random bytes, counted once read and once written. Matmul:
     8192^3 bf16 (512^3 float32 on CPU) on random normal data."""
     dev = ctx.device

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -126,7 +127,7 @@ def run(ctx: Ctx, rec: Any) -> str:
     results = []
     for page in s.pages:
         for kind, fn in (("store_kv", check_store), ("decode", check_decode), ("extend", check_extend)):
-            results.append(attempt(rec, f"{kind}_page{page}", lambda fn=fn, page=page: fn(ctx, tk, ref, s, page)))
+            results.append(attempt(rec, f"{kind}_page{page}", partial(fn, ctx, tk, ref, s, page)))
     bad = [k for k, v in rec.data.items() if isinstance(v, dict) and (failed(v) or v.get("ok") is False)]
     if bad:
         rec.piece["status"] = "fail"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import random
 import time
+from functools import partial
 from typing import Any
 
 from sglang_pd.tools.gpu_check.common import Ctx, attempt
@@ -91,7 +92,10 @@ def compare(got: list[list[int]], ref: list[list[int]],
     if ref_top2 is not None:
         at: list[dict[str, Any] | None] = []
         for p, f in enumerate(first):
-            top = ref_top2[p][f] if f is not None and f < len(ref_top2[p]) and f < len(got[p]) else []
+            if f is None or f >= len(ref_top2[p]) or f >= len(got[p]):
+                at.append(None)
+                continue
+            top = ref_top2[p][f]
             at.append({"gap": round(top[0][0] - top[1][0], 5), "runner_up": top[1][1] == got[p][f]}
                       if len(top) == 2 else None)
         row["divergence_top2"] = at
@@ -152,9 +156,8 @@ def run(ctx: Ctx, rec: Any) -> str:
         key = f"{backend}_{'graphs' if graphs else 'eager'}_{dtype}"
         exact = dtype == "float32"
         strict += exact
-        row = attempt(rec, key, lambda backend=backend, graphs=graphs, dtype=dtype, exact=exact: (
-            one_config(ctx, backend, graphs, dtype, ref32 if exact else refp, sampled=graphs,
-                       ref_top2=None if exact else ref_top2)))
+        row = attempt(rec, key, partial(one_config, ctx, backend, graphs, dtype, ref32 if exact else refp,
+                                        sampled=graphs, ref_top2=None if exact else ref_top2))
         if "error" in row or (exact and mismatched(row)) or (
                 "sampled_served" in row and row["sampled_served"] != len(PROMPT_LENS)):
             bad.append(key)

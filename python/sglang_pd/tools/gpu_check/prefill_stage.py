@@ -5,6 +5,7 @@ and causal attention 2 x head_dim x L(L+1) per query head per layer (QK^T and PV
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ def run(ctx: Ctx, rec: Any) -> str:
     wbytes = ls.estimate_weight_bytes(ctx) if not ctx.dry_run else 0
     core = ls.build_core(ctx, False, ls.pool_tokens(ctx, want, wbytes, 131072), 1)
     shape = ls.shape_of(core)
-    rows = [attempt(rec, f"len{n}", lambda n=n: measure(ctx, core, shape, rate, n)) for n in lens]
+    rows = [attempt(rec, f"len{n}", partial(measure, ctx, core, shape, rate, n)) for n in lens]
     ls.release(core)
     ok = [r for r in rows if "mfu" in r]
     if not ok:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ def _exit_on_term(signum: int, frame: Any) -> None:
     raise SystemExit(f"stopped by signal {signum} (the stage's time limit)")
 
 
+def _healthy(url: str, proc: subprocess.Popen) -> dict[str, bool]:
+    wait_healthy(url, proc, START_TIMEOUT_S)
+    return {"ok": True}
+
+
 def run(ctx: Ctx, rec: Any) -> str:
     log = ctx.work / "server.log"
     proc: subprocess.Popen | None = None
@@ -109,7 +115,7 @@ def run(ctx: Ctx, rec: Any) -> str:
         for graphs in ([True] if ctx.dry_run else [True, False]):
             proc, url = start_server(ctx, log, graphs)
             start = attempt(rec, f"start_graphs_{'on' if graphs else 'off'}",
-                            lambda url=url, proc=proc: wait_healthy(url, proc, START_TIMEOUT_S) or {"ok": True})
+                            partial(_healthy, url, proc))
             if "error" not in start:
                 break
             stop(proc)

@@ -8,6 +8,7 @@ bucket, where the "graph" path runs eagerly through the statics (plumbing only).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -88,7 +89,7 @@ def run(ctx: Ctx, rec: Any) -> str:
         rec.piece["status"] = "fail"
         return "capture failed"
     core, graphs = held["core"], held["graphs"]
-    results = [attempt(rec, f"L{t}xB{b}", lambda t=t, b=b: measure(ctx, core, graphs, t, b)) for t, b in buckets]
+    results = [attempt(rec, f"L{t}xB{b}", partial(measure, ctx, core, graphs, t, b)) for t, b in buckets]
     core.close()
     if any("speedup" not in r for r in results):
         rec.piece["status"] = "partial"
