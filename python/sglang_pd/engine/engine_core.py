@@ -6,7 +6,6 @@ both drive this one object, so there is exactly one serving code path.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import deque
@@ -15,12 +14,10 @@ from typing import Callable
 
 import torch
 
-from sglang_pd.core.load_signals import LoadTracker, class_queues, short_threshold
 from sglang_pd.core.page_allocator import PageAllocator
 from sglang_pd.core.pd_rules import whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler, ScheduledStep
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile
-from sglang_pd.core.watchdog import LivelockDetector
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
@@ -29,24 +26,22 @@ from sglang_pd.engine.forward_timer import ForwardTimer
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
+from sglang_pd.engine.outputs import error_output, req_output
 from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
 from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.sampler import sample
+from sglang_pd.engine.stats import EngineCounters
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.engine.warmup import warm_up
 from sglang_pd.models.loader import load_model
-from sglang_pd.protocol import (
-    EngineReady, EngineStats, GenerateReq, ReqOutput, StepSamples, TokenLogprob,
-)
+from sglang_pd.protocol import EngineReady, EngineStats, GenerateReq, ReqOutput
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-THROUGHPUT_WINDOW_S = 5.0
-PROFILE_STEPS_KEPT = 4096
 PENDING_POLL_S = 0.001  # how often to poll KV transfers when nothing can compute meanwhile
 
 
@@ -108,17 +103,10 @@ class EngineCore:
             None if args.skip_tokenizer_init else args.tokenizer_dir, self.eos_ids, self.context_length
         )
         self.outbox: list[ReqOutput] = []
-        self._generated: deque[tuple[float, int]] = deque()
-        self.step_profiles: deque[StepProfile] = deque(maxlen=PROFILE_STEPS_KEPT)
-        self._steps_recorded = 0  # step profiles appended, ever
-        self._steps_sampled = 0  # of them, handed out as stats samples (take_step_samples)
-        self.loads = LoadTracker()
+        self.counters = EngineCounters()  # throughput, step profiles, watchdog inputs (stats.py)
         self._forward_timer = ForwardTimer(args.device)  # CUDA events on a GPU, host clock on CPU
         self._flushed_early = False
         self._idle_step = False  # the last step ran nothing although work was queued
-        self.stalled_since: float | None = None  # work queued, no progress since then (watchdog)
-        self.livelock = LivelockDetector()  # prefill thrown away repeatedly, nothing completes
-        self.num_completed = 0  # requests finished or ended with a reason (the detector's input)
         self.pd: PDHooks = create_pd_hooks(
             self, args.disaggregation_mode, self.kv_pool.kv_buffer, args.host,
             args.disaggregation_bootstrap_port, args.num_reserved_decode_tokens, args.max_running_requests)
@@ -129,7 +117,7 @@ class EngineCore:
     def add_request(self, msg: GenerateReq) -> None:
         error = self._validate(msg)
         if error:
-            self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
+            self.outbox.append(error_output(msg.rid, len(msg.input_ids), error, 400))
             return
         cfg = self.policy_config
         req = Req.from_msg(msg, self.clock(), time.time(), (cfg.slo_ttft_s, cfg.slo_tpot_s))
@@ -137,11 +125,11 @@ class EngineCore:
             # nothing to compute, in every mode: PD decode and prefill both see the same body
             # and answer at once, so neither bootstraps a transfer the other will not join
             req.finish_reason = {"type": "length", "length": 0}
-            self.outbox.append(self._output(req))
+            self.outbox.append(req_output(req))
             return
         error = self.pd.admit(req, msg)  # queues it, or parks it (PD decode pre-allocation)
         if error:
-            self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
+            self.outbox.append(error_output(msg.rid, len(msg.input_ids), error, 400))
 
     def fail_request(self, rid: str, prompt_tokens: int) -> None:
         """Admission raised: drop whatever of the request got in and answer it with a 500."""
@@ -150,7 +138,7 @@ class EngineCore:
             self.pd.abort(req, self.clock())
             self.finish(req, {"type": "abort", "message": "internal error in the engine"}, 500)
         else:
-            self.outbox.append(_error_output(rid, prompt_tokens, "internal error in the engine", 500))
+            self.outbox.append(error_output(rid, prompt_tokens, "internal error in the engine", 500))
 
     def _validate(self, msg: GenerateReq) -> str | None:
         n = len(msg.input_ids)
@@ -235,25 +223,14 @@ class EngineCore:
                     self.pd.abort(req, now)
                     self.finish(req, {"type": "abort", "message": "internal error in the engine"}, status=500)
         self._idle_step = step is None and self.scheduler.has_work
-        self._track_progress(now, made_progress=step is not None or bool(self.outbox))
+        self.counters.track_progress(now, self.scheduler, made_progress=step is not None or bool(self.outbox))
         outputs, self.outbox = self.outbox, []
         if profile is not None:
             profile.total_s = time.perf_counter() - t0
             profile.forward_s = self._forward_timer.seconds()
-            self.step_profiles.append(profile)
-            self._steps_recorded += 1
-            self.loads.step(self.clock(), profile.total_s)
+            self.counters.record_step(profile, self.clock())
             self.scheduler.observe(profile, profile.total_s, self.clock())
         return outputs
-
-    def _track_progress(self, now: float, made_progress: bool) -> None:
-        """Watchdog input: since when has queued work made no progress (a hold is not a stall),
-        and whether steps only throw prefill work away (core/watchdog.py)."""
-        self.livelock.update(now, self.scheduler.num_preempted_prefills, self.num_completed)
-        if made_progress or not self.scheduler.has_work or self.scheduler.holding(now):
-            self.stalled_since = None
-        elif self.stalled_since is None:
-            self.stalled_since = now
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         self._forward_timer.start()
@@ -287,7 +264,7 @@ class EngineCore:
         """Sample one token per request (the first ``num_first`` get their first token). A
         request whose own sampling fails (its parameters) fails alone, never its batch."""
         now = self.clock()
-        self._generated.append((now, len(reqs)))
+        self.counters.sampled(now, len(reqs))
         try:
             out = sample(logits, reqs, self.eos_ids)
         except Exception:
@@ -317,7 +294,7 @@ class EngineCore:
         req.output_ids.append(tok)
         if first:
             req.first_token_time = now
-            self.loads.first_token(req, now, short_threshold(self.scheduler.prefill_policy, self.scheduler.cfg))
+            self.counters.first_token(req, now, self.scheduler)
         if req.return_logprob and logprob is not None:
             req.pending_logprobs.append((logprob, tok))
             if top is not None:
@@ -328,7 +305,7 @@ class EngineCore:
         if reason is not None:
             self.finish(req, reason)
         elif req.stream:
-            self.outbox.append(self._output(req))
+            self.outbox.append(req_output(req))
 
     def _unblock(self, now: float) -> None:
         """Nothing was scheduled although work is queued: the scheduler frees what blocks
@@ -344,73 +321,21 @@ class EngineCore:
             return  # answered already; a late transfer update must not answer twice
         req.finish_reason = reason
         req.state = ReqState.FINISHED
-        self.num_completed += 1
+        self.counters.num_completed += 1
         self.scheduler.remove(req)
         self.pd.forget(req)
-        self.outbox.append(self._output(req, status))
-
-    def _output(self, req: Req, status: int = 0) -> ReqOutput:
-        new = req.output_ids[req.sent_len:]
-        req.sent_len = len(req.output_ids)
-        out = ReqOutput(rid=req.rid, new_token_ids=new, prompt_tokens=req.prompt_len,
-                        completion_tokens=len(req.output_ids), finish_reason=req.finish_reason,
-                        error_status=status)
-        if req.return_logprob:
-            out.output_token_logprobs = [TokenLogprob(lp, t) for lp, t in req.pending_logprobs]
-            if req.top_logprobs_num:
-                out.output_top_logprobs = [[TokenLogprob(lp, t) for lp, t in top]
-                                           for top in req.pending_top_logprobs]
-            req.pending_logprobs, req.pending_top_logprobs = [], []
-        return out
+        self.outbox.append(req_output(req, status))
 
     # ------------------------------------------------------------------ introspection
-    def take_step_samples(self) -> StepSamples:
-        """The steps recorded since the last call (at most the ``PROFILE_STEPS_KEPT`` newest),
-        for the /metrics histograms (mode, batch size, seconds)."""
-        n = min(self._steps_recorded - self._steps_sampled, len(self.step_profiles))
-        self._steps_sampled = self._steps_recorded
-        steps = list(itertools.islice(reversed(self.step_profiles), n))[::-1]
-        return StepSamples([p.mode.value for p in steps], [p.batch_size for p in steps],
-                           [p.total_s for p in steps])
+    @property
+    def step_profiles(self) -> deque[StepProfile]:
+        """The newest steps' profiles (benchmarks and tests read them)."""
+        return self.counters.step_profiles
 
     def stats(self, step_samples: bool = False) -> EngineStats:
-        """Load signals; ``step_samples``: also the steps since the last such call (only the
-        engine loop's periodic stats message asks, so /get_load never consumes them)."""
-        now = self.clock()
-        while self._generated and self._generated[0][0] < now - THROUGHPUT_WINDOW_S:
-            self._generated.popleft()
-        span = max(now - self._generated[0][0], 1e-3) if self._generated else 1.0
-        used = self.scheduler.num_used_tokens
-        sched = self.scheduler
-        return EngineStats(
-            num_running_reqs=len(sched.running), num_queue_reqs=len(sched.waiting),
-            token_usage=used / self.max_total_num_tokens,
-            gen_throughput=sum(n for _, n in self._generated) / span if self._generated else 0.0,
-            num_used_tokens=used, max_total_num_tokens=self.max_total_num_tokens,
-            num_queue_prefill_tokens=sum(r.prefill_remaining for r in sched.waiting),
-            num_running_decode_tokens=sum(r.kv_len for r in sched.running),
-            num_free_pages=self.allocator.num_free, num_total_pages=self.allocator.num_usable,
-            num_retractions_total=sched.num_retractions,
-            num_preempted_prefills_total=sched.num_preempted_prefills,
-            engine_stall_s=now - self.stalled_since if self.stalled_since is not None else 0.0,
-            engine_livelock_s=self.livelock.livelock_s(now),
-            num_livelock_episodes_total=self.livelock.episodes,
-            num_preempted_prefill_tokens_total=sched.num_preempted_prefill_tokens,
-            role=self.pd.role,
-            **self.pd.stats(),
-            **self._class_stats(now),
-            step_samples=self.take_step_samples() if step_samples else None,
-        )
-
-    def _class_stats(self, now: float) -> dict[str, str | int | float]:
-        """Per-class queues, SLO deviation, role and busy share (core/load_signals.py)."""
-        sched, loads = self.scheduler, self.loads
-        threshold = short_threshold(sched.prefill_policy, sched.cfg)
-        return dict(prefill_role=getattr(sched.prefill_policy, "role", sched.cfg.prefill_role),
-                    short_prefill_threshold=threshold, **class_queues(sched.waiting, threshold),
-                    slo_ttft_deviation_short=loads.mean_deviation("short"),
-                    slo_ttft_deviation_long=loads.mean_deviation("long"),
-                    busy_fraction=loads.busy_fraction(now))
+        """Load signals (engine/stats.py); ``step_samples``: also the steps since the last such call."""
+        return self.counters.snapshot(self.clock(), self.scheduler, self.max_total_num_tokens, self.pd,
+                                      step_samples)
 
     def set_prefill_role(self, role: str) -> str:
         """Switch this prefill instance's class at runtime (the router's pool controller)."""
@@ -435,7 +360,3 @@ class EngineCore:
             num_pages=self.kv_pool.num_pages, disaggregation_mode=self.args.disaggregation_mode,
         )
 
-
-def _error_output(rid: str, prompt_tokens: int, message: str, status: int) -> ReqOutput:
-    return ReqOutput(rid=rid, new_token_ids=[], prompt_tokens=prompt_tokens, completion_tokens=0,
-                     finish_reason={"type": "abort", "message": message}, error_status=status)
