@@ -107,7 +107,7 @@ def test_engine_and_sim_call_the_one_rule() -> None:
     for path in (PKG / "engine" / "pd.py", PKG / "sim" / "instance.py"):
         assert "decode_admits" in _calls(path), path
         assert "prefill_schedulable" in _calls(path), path
-    for path in (PKG / "engine" / "engine_core.py", PKG / "sim" / "instance.py"):
+    for path in (PKG / "engine" / "build.py", PKG / "sim" / "instance.py"):
         assert "whole_prompt_pages" in _calls(path), path
 
 

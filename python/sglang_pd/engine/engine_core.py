@@ -9,35 +9,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Callable
 
 import torch
 
-from sglang_pd.core.page_allocator import PageAllocator
-from sglang_pd.core.pd_rules import whole_prompt_pages
-from sglang_pd.core.scheduler import Scheduler, ScheduledStep
+from sglang_pd.core.scheduler import ScheduledStep
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile
-from sglang_pd.engine.attention import create_attention_backend
-from sglang_pd.engine.cpu_tuning import tune_allocator
-from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
+from sglang_pd.engine.build import build_engine
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.forward_timer import ForwardTimer
-from sglang_pd.engine.kv_pool import KVPool
-from sglang_pd.engine.memory import pool_pages
-from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.outputs import error_output, req_output
 from sglang_pd.engine.pd import NullPD, PDHooks, create_pd_hooks
-from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.sampler import sample
 from sglang_pd.engine.stats import EngineCounters
-from sglang_pd.engine.stop import StopChecker
-from sglang_pd.engine.warmup import warm_up
-from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import EngineReady, EngineStats, GenerateReq, ReqOutput
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
-from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -45,63 +32,17 @@ logger = logging.getLogger(__name__)
 PENDING_POLL_S = 0.001  # how often to poll KV transfers when nothing can compute meanwhile
 
 
-def cpu_aware_dtype(name: str, device: str) -> str:
-    """"auto" means float32 on CPU (half-precision matmuls are slow and lossy there); elsewhere
-    the loader resolves "auto" to the checkpoint's dtype, as SGLang does."""
-    return "float32" if name == "auto" and device == "cpu" else name
-
-
 class EngineCore:
     def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.monotonic) -> None:
         self.args = args
         self.clock = clock
-        if args.device == "cpu":
-            tune_allocator()
-        torch.manual_seed(args.random_seed)
-        self.model, self.config = load_model(args.model_path, cpu_aware_dtype(args.dtype, args.device),
-                                             args.device, args.load_format)
-        cfg = self.config
-        dtype = next(self.model.parameters()).dtype
-        self.context_length = args.context_length or cfg.max_position_embeddings
-        self.vocab_size = cfg.vocab_size
-        # the backend first: graphs (and the memory kept for them) only with one that supports them
-        attention = create_attention_backend(args.attention_backend, args.device,
-                                             cuda_graph=not args.disable_cuda_graph)
-        graph_bs = graph_max_bs(args.device, args.disable_cuda_graph, args.cuda_graph_max_bs,
-                                attention)
-        graph_reserve = graph_reserve_bytes(graph_bs, cfg, dtype) if graph_bs else 0
-        # short-prefill graphs where a short queue feeds the engine (engine/prefill_graph.py)
-        prefill_grid = short_prefill_graph_grid(args, graph_bs > 0 and attention.supports_prefill_graph)
-        if prefill_grid is not None:
-            graph_reserve += prefill_graph_reserve_bytes(prefill_grid, cfg, dtype)
-        num_pages = pool_pages(
-            max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
-            device=args.device, page_size=args.page_size,
-            bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype),
-            reserved_bytes=graph_reserve,  # graphs are captured after the pool: kept out before it
-        )
-        self.kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim,
-                              dtype, args.device)
-        self.allocator = PageAllocator(num_pages)
-        self.max_total_num_tokens = self.allocator.num_usable * args.page_size
-        self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
-                                  max_positions=cfg.max_position_embeddings,
-                                  graph_reserved_bytes=graph_reserve, prefill_graph_grid=prefill_grid)
-        if args.device.startswith("cuda"):  # compile every kernel variant now, not in a request
-            warm_up(self.runner, min(self.context_length, cfg.max_position_embeddings,
-                                     self.max_total_num_tokens))
-        self.page_size = args.page_size
-        self.policy_config = cfg_p = replace(args.policy_config(),
-                                             decode_attention_padded=attention.decode_pads_to_longest)
-        self.scheduler = Scheduler(
-            self.allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
-            create_decode_policy(args.decode_policy, cfg_p),
-            whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # core/pd_rules.py
-        )
-        self.eos_ids = list(cfg.eos_token_ids)
-        self.stop_checker = StopChecker(
-            None if args.skip_tokenizer_init else args.tokenizer_dir, self.eos_ids, self.context_length
-        )
+        p = build_engine(args)  # engine/build.py
+        self.model, self.config, self.runner, self.kv_pool = p.model, p.config, p.runner, p.kv_pool
+        self.allocator, self.scheduler, self.stop_checker = p.allocator, p.scheduler, p.stop_checker
+        self.policy_config, self.page_size = p.policy_config, args.page_size
+        self.context_length, self.vocab_size = p.context_length, p.config.vocab_size
+        self.max_total_num_tokens = p.max_total_num_tokens
+        self.eos_ids = list(p.config.eos_token_ids)
         self.outbox: list[ReqOutput] = []
         self.counters = EngineCounters()  # throughput, step profiles, watchdog inputs (stats.py)
         self._forward_timer = ForwardTimer(args.device)  # CUDA events on a GPU, host clock on CPU
@@ -110,8 +51,6 @@ class EngineCore:
         self.pd: PDHooks = create_pd_hooks(
             self, args.disaggregation_mode, self.kv_pool.kv_buffer, args.host,
             args.disaggregation_bootstrap_port, args.num_reserved_decode_tokens, args.max_running_requests)
-        logger.info("engine ready: %s, %d KV pages x %d tokens, dtype %s", cfg.architecture,
-                    num_pages - 1, args.page_size, dtype)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, msg: GenerateReq) -> None:
