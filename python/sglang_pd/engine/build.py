@@ -1,5 +1,5 @@
 """Building an engine from ``ServerArgs``: model, attention backend, graph memory, KV pool,
-page allocator, model runner, scheduler with its policies and stop checker.
+page allocator, model runner, scheduler with its policies, stop checker, and the PD side.
 
 ``EngineCore`` only runs what this returns; the order here matters (the backend decides
 whether graphs are used, graph memory is kept out of the pool before the pool is sized, and
@@ -16,17 +16,20 @@ import torch
 from sglang_pd.core.page_allocator import PageAllocator
 from sglang_pd.core.pd_rules import whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.engine.admission import Limits
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.cpu_tuning import tune_allocator
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
+from sglang_pd.engine.pd import PDHooks, create_pd_hooks
 from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.engine.warmup import warm_up
 from sglang_pd.models.config import ModelConfig
 from sglang_pd.models.loader import load_model
+from sglang_pd.protocol import EngineReady
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.server_args import ServerArgs
@@ -54,6 +57,24 @@ class EngineParts:
     policy_config: PolicyConfig
     scheduler: Scheduler
     stop_checker: StopChecker
+    pd: PDHooks
+
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.context_length, self.max_total_num_tokens, self.config.vocab_size,
+                      self.stop_checker.tokenizer is not None)
+
+    def ready_info(self, args: ServerArgs) -> EngineReady:
+        """What the frontend learns of the engine once it is up."""
+        return EngineReady(
+            ok=True, model_path=args.model_path, served_model_name=args.model_name,
+            architecture=self.config.architecture, context_length=self.context_length,
+            vocab_size=self.config.vocab_size, eos_token_ids=list(self.config.eos_token_ids),
+            max_total_num_tokens=self.max_total_num_tokens,
+            max_running_requests=args.max_running_requests, page_size=args.page_size,
+            num_pages=self.kv_pool.num_pages, disaggregation_mode=args.disaggregation_mode,
+        )
 
 
 def build_engine(args: ServerArgs) -> EngineParts:
@@ -96,7 +117,10 @@ def build_engine(args: ServerArgs) -> EngineParts:
     )
     stop_checker = StopChecker(None if args.skip_tokenizer_init else args.tokenizer_dir,
                                list(cfg.eos_token_ids), context_length)
+    pd = create_pd_hooks(args.disaggregation_mode, scheduler, args.page_size, kv_pool.kv_buffer,
+                         args.host, args.disaggregation_bootstrap_port,
+                         args.num_reserved_decode_tokens, args.max_running_requests)
     logger.info("engine ready: %s, %d KV pages x %d tokens, dtype %s", cfg.architecture,
                 num_pages - 1, args.page_size, dtype)
     return EngineParts(model, cfg, context_length, kv_pool, allocator, max_total_num_tokens, runner,
-                       cfg_p, scheduler, stop_checker)
+                       cfg_p, scheduler, stop_checker, pd)

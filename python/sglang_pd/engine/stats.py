@@ -40,7 +40,8 @@ class EngineCounters:
     def first_token(self, req: Req, now: float, sched: Scheduler) -> None:
         self.loads.first_token(req, now, short_threshold(sched.prefill_policy, sched.cfg))
 
-    def record_step(self, profile: StepProfile, now: float) -> None:
+    def record_step(self, profile: StepProfile, total_s: float, forward_s: float, now: float) -> None:
+        profile.total_s, profile.forward_s = total_s, forward_s
         self.step_profiles.append(profile)
         self.steps_recorded += 1
         self.loads.step(now, profile.total_s)
