@@ -3,22 +3,21 @@ its batch go on. The real EngineCore on the tiny model; sampling made to fail fo
 
 from __future__ import annotations
 
-
-from sglang_pd.engine import engine_core
+from sglang_pd.engine import executor
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.protocol import GenerateReq, SamplingParams
 from sglang_pd.server_args import ServerArgs
 
 
 def test_one_failing_request_does_not_fail_its_batch(tiny_model_dir: str, monkeypatch) -> None:
-    real_sample = engine_core.sample
+    real_sample = executor.sample
 
     def flaky(logits, reqs, eos_ids):
         if any(r.rid == "bad" for r in reqs):
             raise RuntimeError("this request's sampling parameters break the sampler")
         return real_sample(logits, reqs, eos_ids)
 
-    monkeypatch.setattr(engine_core, "sample", flaky)
+    monkeypatch.setattr(executor, "sample", flaky)
     core = EngineCore(ServerArgs(model_path=tiny_model_dir, page_size=4, max_total_tokens=4096))
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     for rid in ("a", "bad", "b"):

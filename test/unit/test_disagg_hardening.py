@@ -18,7 +18,9 @@ from sglang_pd.disaggregation.bootstrap import MAX_QUEUED_PER_PEER, BootstrapCli
 from sglang_pd.disaggregation.decode_manager import KVReceiverManager
 from sglang_pd.disaggregation.envs import DisaggEnvs
 from sglang_pd.disaggregation.prefill_manager import KVSenderManager
-from sglang_pd.disaggregation.state import Failure, KVReceiverState, KVSenderState, RoomUpdate
+from sglang_pd.disaggregation.receiver_state import KVReceiverState
+from sglang_pd.disaggregation.sender_state import KVSenderState
+from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
 
 pytestmark = pytest.mark.timeout(60)

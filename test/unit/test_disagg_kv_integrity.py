@@ -18,7 +18,8 @@ from sglang_pd.disaggregation.bootstrap import BootstrapServer
 from sglang_pd.disaggregation.decode_manager import KVReceiverManager
 from sglang_pd.disaggregation.envs import DisaggEnvs
 from sglang_pd.disaggregation.prefill_manager import KVSenderManager
-from sglang_pd.disaggregation.state import Failure, KVReceiverState, ReceiverPhase, RoomUpdate
+from sglang_pd.disaggregation.receiver_state import KVReceiverState, ReceiverPhase
+from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
 from sglang_pd.disaggregation.transfer.faults import FaultPlan, FaultyTransport, maybe_wrap
 

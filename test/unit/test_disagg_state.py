@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 from sglang_pd.disaggregation.messages import Abort, AbortAck
-from sglang_pd.disaggregation.state import (
-    Failure,
-    KVReceiverState,
-    KVSenderState,
-    ReceiverPhase,
-    SenderPhase,
-)
+from sglang_pd.disaggregation.receiver_state import KVReceiverState, ReceiverPhase
+from sglang_pd.disaggregation.sender_state import KVSenderState, SenderPhase
+from sglang_pd.disaggregation.state import Failure
 
 
 def receiver(**kw: float) -> KVReceiverState:

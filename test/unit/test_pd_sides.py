@@ -1,16 +1,18 @@
-"""PrefillSide / DecodeSide (engine/pd.py) over FakeKVTransport and real loopback bootstrap
-sockets, without a model: a fake engine holds a real Scheduler and page allocator, and "runs"
-prefill by advancing KV lengths. Every failure path must give every page back."""
+"""PrefillSide / DecodeSide (engine/pd_prefill.py, pd_decode.py) over FakeKVTransport and real
+loopback bootstrap sockets, without a model: a fake engine holds a real Scheduler and page
+allocator, applies the sides' events as EngineCore does, and "runs" prefill by advancing KV
+lengths. Every failure path must give every page back."""
 
 from __future__ import annotations
 
+import ast
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import pytest
 import torch
-
 from sglang_pd.core.page_allocator import PageAllocator
 from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.core.step import ReqState
@@ -18,7 +20,11 @@ from sglang_pd.disaggregation.decode_manager import KVReceiverManager
 from sglang_pd.disaggregation.envs import DisaggEnvs
 from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 from sglang_pd.disaggregation.transfer.fake import FakeFabric, FakeKVTransport
-from sglang_pd.engine.pd import DecodeSide, NullPD, PDHooks, PrefillSide
+from sglang_pd.engine.engine_core import EngineCore
+from sglang_pd.engine.pd import NullPD, PDHooks
+from sglang_pd.engine.pd_decode import DecodeSide
+from sglang_pd.engine.pd_events import PDEvent
+from sglang_pd.engine.pd_prefill import PrefillSide
 from sglang_pd.engine.request import Req
 from sglang_pd.protocol import BootstrapInfo, EngineStats, GenerateReq, SamplingParams
 from sglang_pd.scheduling.config import PolicyConfig
@@ -33,7 +39,8 @@ ENVS = DisaggEnvs(bootstrap_timeout=30, waiting_timeout=30, heartbeat_interval=1
 
 @dataclass
 class FakeEngine:
-    """The PDEngine surface of EngineCore, with a real Scheduler and allocator."""
+    """EngineCore's side of the PD hooks, with a real Scheduler and allocator: it applies the
+    sides' events with EngineCore._apply; the sides never see it."""
 
     whole_prompt: bool
     page_size: int = PAGE
@@ -46,7 +53,15 @@ class FakeEngine:
         cfg = PolicyConfig(page_size=PAGE, chunked_prefill_size=8, max_prefill_tokens=8)
         self.scheduler = Scheduler(PageAllocator(NUM_PAGES), cfg, FcfsPrefillPolicy(cfg),
                                    ContinuousDecodePolicy(cfg), whole_prompt_pages=self.whole_prompt)
-        self.clock: Callable[[], float] = lambda: self.now
+
+    def apply(self, events: list[PDEvent]) -> None:
+        """The engine's own event application, run on this fake (its scheduler, finish and
+        accept_token), so these tests cover EngineCore._apply too."""
+        EngineCore._apply(self, events, self.now)  # type: ignore[arg-type]
+
+    def poll(self, now: float | None = None) -> None:
+        assert self.pd is not None
+        self.apply(self.pd.poll(self.now if now is None else now))
 
     def finish(self, req: Req, reason: dict, status: int = 0) -> None:
         if req.finish_reason is not None:
@@ -62,8 +77,11 @@ class FakeEngine:
                      first: bool) -> None:
         req.output_ids.append(tok)
         assert self.pd is not None
-        if first and self.pd.on_first_token(req, logprob, top, now):
-            return
+        if first:
+            events = self.pd.on_first_token(req, logprob, top, now)
+            if events:
+                self.apply(events)
+                return
         self.streamed.setdefault(req.rid, []).append(tok)
 
     def run_prefill(self) -> None:
@@ -73,7 +91,7 @@ class FakeEngine:
         done = set(self.scheduler.after_extend(step.plan))
         for r, _ in step.plan:
             if r not in done:
-                self.pd.on_chunk(r, self.now)  # type: ignore[union-attr]
+                self.apply(self.pd.on_chunk(r, self.now))  # type: ignore[union-attr]
         for r in done:
             self.accept_token(r, 5, None, None, self.now, first=True)
 
@@ -89,20 +107,25 @@ def _msg(rid: str, room: int, port: int, prompt_len: int = 10, host: str = "127.
 
 def _admit(eng: FakeEngine, msg: GenerateReq) -> Req:
     req = Req.from_msg(msg, eng.now)
-    assert eng.pd is not None and eng.pd.admit(req, msg) is None
+    assert eng.pd is not None
+    admitted = eng.pd.admit(req, msg, eng.now)
+    assert not isinstance(admitted, str), admitted
+    eng.apply([admitted])
     return req
 
 
 @pytest.fixture
 def pair():
     fab = FakeFabric()
-    buf = lambda: torch.zeros(2, 2, NUM_PAGES, PAGE, 2, 8)  # noqa: E731
+    def buf() -> torch.Tensor:
+        return torch.zeros(2, 2, NUM_PAGES, PAGE, 2, 8)
+
     p_eng, d_eng = FakeEngine(whole_prompt=True), FakeEngine(whole_prompt=False)
     pm = KVSenderManager(FakeKVTransport("prefill", buf(), fab), envs=ENVS, bootstrap_host="127.0.0.1",
                          bootstrap_port=0)
     dm = KVReceiverManager(FakeKVTransport("decode", buf(), fab), envs=ENVS)
-    p_eng.pd = PrefillSide(p_eng, pm)
-    d_eng.pd = DecodeSide(d_eng, dm, reserved_pages=0, max_running=8)
+    p_eng.pd = PrefillSide(p_eng.scheduler, PAGE, pm)
+    d_eng.pd = DecodeSide(d_eng.scheduler, PAGE, dm, reserved_pages=0, max_running=8)
     yield p_eng, d_eng, pm.server.port, fab
     p_eng.pd.close()
     d_eng.pd.close()
@@ -112,7 +135,7 @@ def _poll_until(engines: list[FakeEngine], cond: Callable[[], bool], what: str, 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for e in engines:
-            e.pd.poll(e.now)  # type: ignore[union-attr]
+            e.poll()
         if cond():
             return
         time.sleep(0.002)
@@ -141,7 +164,7 @@ def _nothing_held(p_eng: FakeEngine) -> None:
 
 def test_null_pd_queues_requests() -> None:
     eng = FakeEngine(whole_prompt=False)
-    eng.pd = NullPD(eng.scheduler)
+    eng.pd = NullPD()
     msg = GenerateReq(rid="a", input_ids=[1, 2, 3], sampling_params=SamplingParams())
     req = _admit(eng, msg)
     assert eng.scheduler.waiting == [req] and not eng.pd.has_pending
@@ -152,7 +175,7 @@ def test_transfer_success_parks_then_runs_on_decode(pair) -> None:
     msg = _msg("a", room=7, port=port, prompt_len=10)
     p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
     assert d_req in d_eng.scheduler.parked and d_req.pages == []  # waits for pre-allocation
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     assert len(d_req.pages) == 3  # 10 tokens / 4 per page, registered with prefill
     _schedulable(p_eng, d_eng, p_req)
     p_eng.run_prefill()  # chunk of 8: whole-prompt pages allocated, first chunk handed off
@@ -173,7 +196,7 @@ def test_decode_abort_quarantines_pages_until_prefill_confirms(pair) -> None:
     msg = _msg("a", room=8, port=port)
     p_req = _admit(p_eng, msg)
     d_req = _admit(d_eng, msg)
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     _schedulable(p_eng, d_eng, p_req)
     p_eng.run_prefill()  # first chunk in flight
     _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[8].state.acked_at is not None, "ack")
@@ -183,8 +206,8 @@ def test_decode_abort_quarantines_pages_until_prefill_confirms(pair) -> None:
     assert d_eng.scheduler.allocator.num_free == d_eng.scheduler.allocator.num_usable - 3
     # a new request may not reuse the room while prefill may still write into those pages
     again = _msg("b", room=8, port=port)
-    err = d_eng.pd.admit(Req.from_msg(again, 0.1), again)
-    assert err is not None and "winding down" in err
+    err = d_eng.pd.admit(Req.from_msg(again, 0.1), again, 0.1)
+    assert isinstance(err, str) and "winding down" in err
     d_eng.pages_conserved()
     _poll_until([p_eng, d_eng], lambda: "a" in p_eng.answers and not d_eng.scheduler.quarantine, "abort ack")
     assert p_eng.answers["a"][1] == 502  # prefill's request failed with the transfer
@@ -196,7 +219,7 @@ def test_prefill_abort_fails_decode_room(pair) -> None:
     msg = _msg("a", room=9, port=port)
     p_req = _admit(p_eng, msg)
     _admit(d_eng, msg)
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     _schedulable(p_eng, d_eng, p_req)
     p_eng.run_prefill()
     p_eng.pd.abort(p_req, 0.1)
@@ -213,7 +236,7 @@ def test_decode_waiting_timeout_fails_and_frees(pair) -> None:
     msg = _msg("a", room=10, port=port)
     _admit(p_eng, msg)
     _admit(d_eng, msg)  # prefill never computes it: decode's KV never comes
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[10].state.acked_at is not None, "ack")
     d_eng.now = ENVS.waiting_timeout + 1.0
     _poll_until([d_eng], lambda: "a" in d_eng.answers, "waiting timeout")
@@ -227,13 +250,13 @@ def test_prefill_peer_loss_fails_decode_room(pair) -> None:
     p_eng, d_eng, port, fab = pair
     msg = _msg("a", room=11, port=port)
     _admit(d_eng, msg)
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[11].state.acked_at is not None, "ack")
     p_eng.pd.close()  # the prefill server is gone: no heartbeat replies
     fab.kill("prefill")
     for step in range(1, 41):  # fake time: 20 s, far past the heartbeats' 2 x 1 s
         d_eng.now = step * 0.5
-        d_eng.pd.poll(d_eng.now)
+        d_eng.poll(d_eng.now)
         if "a" in d_eng.answers:
             break
         time.sleep(0.005)
@@ -248,10 +271,10 @@ def test_bad_bootstrap_host_fails_only_that_room(pair) -> None:
     """Issue 22 item 1: the ZMQ connect to "x y" raised inside poll and killed the engine."""
     _, d_eng, port, _ = pair
     bad, good = _msg("bad", room=1, port=port, host="x y"), _msg("good", room=2, port=port)
-    err = d_eng.pd.admit(Req.from_msg(bad, 0.0), bad)
-    assert err is not None and "not a valid hostname" in err  # a 400 at admission
+    err = d_eng.pd.admit(Req.from_msg(bad, 0.0), bad, 0.0)
+    assert isinstance(err, str) and "not a valid hostname" in err  # a 400 at admission
     good_req = _admit(d_eng, good)
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     assert good_req.bootstrap_room in d_eng.pd.transferring  # the other request went on
     d_eng.pages_conserved()
 
@@ -261,11 +284,11 @@ def test_unreachable_prefill_fails_the_room_and_frees_its_pages(pair) -> None:
     unanswered -> 502 "missed N heartbeats", and decode frees the pages at once."""
     _, d_eng, _, _ = pair
     req = _admit(d_eng, _msg("lost", room=5, port=1))  # nothing listens on port 1
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     assert len(req.pages) == 3 and 5 in d_eng.pd.transferring  # registered, pages reserved
     for step in range(1, 41):  # fake time: 20 s, far past the heartbeats' 2 x 1 s
         d_eng.now = step * 0.5
-        d_eng.pd.poll(d_eng.now)
+        d_eng.poll(d_eng.now)
         if "lost" in d_eng.answers:
             break
         time.sleep(0.005)  # the bootstrap socket's I/O (real time) between polls
@@ -280,7 +303,7 @@ def test_decode_respects_max_running_requests(pair) -> None:
     _, d_eng, port, _ = pair
     d_eng.pd.max_running = 1
     a, b = _admit(d_eng, _msg("a", 3, port)), _admit(d_eng, _msg("b", 4, port))
-    d_eng.pd.poll(0.0)
+    d_eng.poll(0.0)
     assert list(d_eng.pd.transferring.values()) == [a] and list(d_eng.pd.prealloc) == [b]
     assert b.pages == []
     d_eng.pages_conserved()
@@ -297,8 +320,8 @@ def test_prefill_schedules_only_after_decode_registers(pair) -> None:
     msg = _msg("a", room=12, port=port)
     p_req, d_req = _admit(p_eng, msg), _admit(d_eng, msg)
     for _ in range(20):  # the Claim arrives; prefill still must not schedule it
-        p_eng.pd.poll(0.0)
-        d_eng.pd.poll(0.0)
+        p_eng.poll(0.0)
+        d_eng.poll(0.0)
         time.sleep(0.002)
     assert p_req not in p_eng.scheduler.waiting and p_req.pages == []
     assert p_eng.pd.bootstrapping == {12: p_req} and p_eng.scheduler.find("a") is p_req  # abortable
@@ -309,7 +332,7 @@ def test_prefill_schedules_only_after_decode_registers(pair) -> None:
     assert EngineStats(0, 0, 0.0, 0.0, 0, 1, **stats).num_prefill_bootstrap_queue_reqs == 1
     assert p_eng.pd.has_pending
     d_eng.pd.max_running = 8
-    d_eng.pd.poll(0.0)  # decode reserves pages and registers them
+    d_eng.poll(0.0)  # decode reserves pages and registers them
     assert len(d_req.pages) == 3
     _schedulable(p_eng, d_eng, p_req)
     assert p_req.state is ReqState.WAITING and p_req.arrival == 0.0  # its deadline still counts from arrival
@@ -325,7 +348,7 @@ def test_decode_registered_first_is_schedulable_at_once(pair) -> None:
     p_eng, d_eng, port, _ = pair
     msg = _msg("a", room=13, port=port)
     _admit(d_eng, msg)
-    d_eng.pd.poll(0.0)  # registers before the request reaches prefill
+    d_eng.poll(0.0)  # registers before the request reaches prefill
     _poll_until([p_eng, d_eng], lambda: p_eng.pd.mgr.decode_registered(13), "register")
     p_req = _admit(p_eng, msg)
     assert p_eng.scheduler.waiting == [p_req] and not p_eng.pd.bootstrapping
@@ -369,7 +392,7 @@ def test_abort_while_bootstrapping_leaks_nothing(pair) -> None:
 def test_bootstrap_timeout_fails_a_bootstrapping_request_and_leaks_nothing(pair) -> None:
     p_eng, _, port, _ = pair
     _admit(p_eng, _msg("a", room=15, port=port))  # its decode never registers
-    p_eng.pd.poll(0.0)
+    p_eng.poll(0.0)
     assert "a" not in p_eng.answers
     p_eng.now = ENVS.bootstrap_timeout + 1.0
     _poll_until([p_eng], lambda: "a" in p_eng.answers, "bootstrap timeout")
@@ -378,3 +401,18 @@ def test_bootstrap_timeout_fails_a_bootstrapping_request_and_leaks_nothing(pair)
     assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in reason["message"]
     assert p_eng.pd.stats()["num_bootstrap_failed_reqs_total"] == 1
     _nothing_held(p_eng)
+
+
+def test_pd_sides_never_call_back_into_the_engine() -> None:
+    """Issue 33: the sides return events (engine/pd_events.py) that the engine applies; none of
+    them imports the engine, calls its finish/accept_token, or keeps an engine field."""
+    engine_dir = Path(__file__).resolve().parents[2] / "python" / "sglang_pd" / "engine"
+    for name in ("pd.py", "pd_prefill.py", "pd_decode.py", "pd_events.py"):
+        tree = ast.parse((engine_dir / name).read_text())
+        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "sglang_pd.engine.engine_core" not in modules, name
+        called = {n.func.attr for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+        assert not called & {"finish", "accept_token"}, (name, called & {"finish", "accept_token"})
+    for side in (PrefillSide, DecodeSide, NullPD):
+        assert not {"core", "engine"} & {f.name for f in fields(side)}, side

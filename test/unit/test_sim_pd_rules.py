@@ -6,15 +6,13 @@ schedules a PD request only once its decode has pre-allocated (no hold-and-wait)
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from sglang_pd.core.page_allocator import CountingAllocator
 from sglang_pd.core.pd_rules import decode_admits, prefill_schedulable, whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler
-from sglang_pd.engine.pd import DecodeSide
+from sglang_pd.engine.pd_decode import DecodeSide
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
@@ -44,16 +42,10 @@ class _Mgr:
         return None
 
 
-@dataclass
-class _Core:
-    scheduler: Scheduler
-    page_size: int = PAGE
-
-
 def _engine_side() -> DecodeSide:
     cfg = PolicyConfig(page_size=PAGE, max_running_requests=MAX_RUNNING)
     sched = Scheduler(CountingAllocator(PAGES), cfg, FcfsPrefillPolicy(cfg), ContinuousDecodePolicy(cfg))
-    return DecodeSide(_Core(sched), _Mgr(), reserved_pages=RESERVED, max_running=MAX_RUNNING)  # type: ignore[arg-type]
+    return DecodeSide(sched, PAGE, _Mgr(), reserved_pages=RESERVED, max_running=MAX_RUNNING)  # type: ignore[arg-type]
 
 
 def _sim_side() -> Instance:
@@ -73,7 +65,7 @@ def test_engine_and_sim_preallocate_alike() -> None:
     prompts = [60, 30, 8, 100, 4, 40, 12]
     e_reqs = [_req(i, p) for i, p in enumerate(prompts)]
     s_reqs = [_req(i, p) for i, p in enumerate(prompts)]
-    e_sched, s_sched = eng.core.scheduler, sim.sched
+    e_sched, s_sched = eng.scheduler, sim.sched
     for e, s in zip(e_reqs, s_reqs):
         e_sched.park(e)
         eng.prealloc.append(e)
@@ -104,10 +96,11 @@ def _calls(path: Path) -> set[str]:
 
 
 def test_engine_and_sim_call_the_one_rule() -> None:
-    for path in (PKG / "engine" / "pd.py", PKG / "sim" / "instance.py"):
+    for path in (PKG / "engine" / "pd_decode.py", PKG / "sim" / "instance.py"):
         assert "decode_admits" in _calls(path), path
+    for path in (PKG / "engine" / "pd_prefill.py", PKG / "sim" / "instance.py"):
         assert "prefill_schedulable" in _calls(path), path
-    for path in (PKG / "engine" / "engine_core.py", PKG / "sim" / "instance.py"):
+    for path in (PKG / "engine" / "build.py", PKG / "sim" / "instance.py"):
         assert "whole_prompt_pages" in _calls(path), path
 
 

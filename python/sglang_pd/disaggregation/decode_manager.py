@@ -25,7 +25,8 @@ from sglang_pd.disaggregation import messages as m
 from sglang_pd.disaggregation.addr import validate_bootstrap_addr
 from sglang_pd.disaggregation.bootstrap import BootstrapClient, Incoming, PeerDead, Refused
 from sglang_pd.disaggregation.envs import DisaggEnvs
-from sglang_pd.disaggregation.state import Failure, KVReceiverState, ReceiverPhase, RoomUpdate
+from sglang_pd.disaggregation.receiver_state import KVReceiverState, ReceiverPhase
+from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.disaggregation.transfer.base import KVTransport
 
 logger = logging.getLogger(__name__)

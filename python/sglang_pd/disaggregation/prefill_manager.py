@@ -32,7 +32,8 @@ from sglang_pd.disaggregation.bootstrap import (
     Refused,
 )
 from sglang_pd.disaggregation.envs import DisaggEnvs
-from sglang_pd.disaggregation.state import Failure, KVSenderState, RoomUpdate, SenderPhase
+from sglang_pd.disaggregation.sender_state import KVSenderState, SenderPhase
+from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.disaggregation.transfer.base import KVTransport, TransferError, TransferHandle
 
 logger = logging.getLogger(__name__)
