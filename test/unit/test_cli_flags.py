@@ -1,0 +1,68 @@
+"""The server's and the simulator's flags are SGLang's names: generating them from the config
+fields must not rename, drop or re-default any. ``data/cli_flags_before.json`` is the parsers'
+option set dumped before the flags were generated (option strings, dest, default, choices,
+action, nargs), and every entry must still be there, the same."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_pd.server_args import ServerArgs, parse_server_args
+from sglang_pd.sim.cli import add_common
+
+BEFORE = json.loads((Path(__file__).parent / "data" / "cli_flags_before.json").read_text())
+FIELDS = ("dest", "default", "const", "nargs", "required", "choices", "type", "action")
+
+
+def _actions(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]:
+    out = {}
+    for a in parser._actions:
+        if isinstance(a, argparse._HelpAction):
+            continue
+        row = {"option_strings": list(a.option_strings), "dest": a.dest, "default": a.default,
+               "const": a.const, "nargs": a.nargs, "required": a.required,
+               "choices": sorted(a.choices) if a.choices is not None else None,
+               "type": getattr(a.type, "__name__", None), "action": type(a).__name__}
+        row = json.loads(json.dumps(row, default=str))  # as the dump wrote it
+        for opt in a.option_strings:
+            out[opt] = row
+    return out
+
+
+def _server_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    return p
+
+
+def _sim_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_common(p)
+    return p
+
+
+@pytest.mark.parametrize("name,build", [("server", _server_parser), ("sim", _sim_parser)])
+def test_every_flag_kept_with_its_dest_default_and_choices(name: str, build: Any) -> None:
+    now = _actions(build())
+    for old in BEFORE[name]:
+        for opt in old["option_strings"]:
+            assert opt in now, f"{name}: flag {opt} is gone"
+            new = now[opt]
+            assert set(old["option_strings"]) <= set(new["option_strings"]), (opt, new["option_strings"])
+            for key in FIELDS:
+                assert new[key] == old[key], f"{name} {opt}: {key} {old[key]!r} -> {new[key]!r}"
+
+
+def test_server_flags_parse_into_the_policy_config() -> None:
+    args = parse_server_args(["--model", "m", "--prefill-policy", "kairos+", "--awd-sigma-ms", "7",
+                              "--short-prefill-threshold", "auto", "--prefill-queues", "dual",
+                              "--mode", "prefill", "--slo-ttft-ms", "900"])
+    cfg = args.policy_config()
+    assert args.schedule_policy == "kairos+" and args.disaggregation_mode == "prefill"
+    assert (cfg.awd_sigma_ms, cfg.short_prefill_threshold, cfg.prefill_queues, cfg.role, cfg.slo_ttft_ms) == \
+        (7.0, None, "dual", "prefill", 900.0)
