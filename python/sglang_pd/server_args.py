@@ -191,7 +191,7 @@ class ServerArgs(PolicyConfig):
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        dtype = "float16" if getattr(args, "dtype", None) == "half" else args.dtype
+        dtype = "float16" if args.dtype == "half" else args.dtype  # SGLang's alias
         return cast(ServerArgs, from_flags(cls, args, dtype=dtype))
 
 
