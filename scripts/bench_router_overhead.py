@@ -68,7 +68,10 @@ class Proc:
 
 
 def start_stub(first_ms: float, core: int | None) -> Proc:
-    cmd = pinned([sys.executable, __file__, "--serve-stub", str(first_ms)], core)
+    """The project's one fake server (sglang_pd.bench.stub_server): instant tokens after
+    ``first_ms``, with the info routes smg probes at start-up to detect an SGLang backend."""
+    cmd = pinned([sys.executable, "-m", "sglang_pd.bench.stub_server", "--port", "0", "--first-ms",
+                  str(first_ms), "--itl-ms", "0", "--lifetime", "900"], core)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -76,38 +79,6 @@ def start_stub(first_ms: float, core: int | None) -> Proc:
         proc.kill()
         raise RuntimeError(f"stub did not start: {line!r}")
     return Proc(f"stub({first_ms}ms)", proc, f"http://127.0.0.1:{line.split('=')[1].strip()}")
-
-
-async def serve_stub(first_ms: float) -> None:
-    """sglang_pd.bench.stub_server's app (instant tokens after ``first_ms``) plus the info
-    routes smg probes at start-up to detect an SGLang backend."""
-    from aiohttp import web
-
-    from sglang_pd.bench.stub_server import StubConfig, make_app
-
-    app = make_app(StubConfig(first_ms=first_ms, itl_ms=0.0))
-    info = {"model_path": "stub-model", "version": "0.0-stub", "is_generation": True}
-
-    async def server_info(_: web.Request) -> web.Response:
-        return web.json_response(info)
-
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "stub-model",
-                                                              "object": "model"}]})
-
-    async def get_load(_: web.Request) -> web.Response:
-        return web.json_response({"num_reqs": 0, "num_running_reqs": 0, "token_usage": 0.0})
-
-    for path in ("/server_info", "/get_server_info", "/version", "/model_info"):
-        app.router.add_get(path, server_info)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/get_load", get_load)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    print(f"STUB_READY port={site._server.sockets[0].getsockname()[1]}", flush=True)
-    await asyncio.sleep(900)  # bounded: a forgotten stub exits by itself
 
 
 def start_router(kind: str, prefill: str, decode: str, core: int | None, log_dir: str) -> Proc:
@@ -294,8 +265,6 @@ def main() -> None:
     p.add_argument("--routers", nargs="+", default=["ours", "smg"], choices=["ours", "smg"])
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--log-dir", default="/tmp/bench_router_overhead")
-    p.add_argument("--serve-stub", type=float, default=None, metavar="FIRST_MS",
-                   help=argparse.SUPPRESS)  # internal: run one stub backend
     args = p.parse_args()
     try:
         import uvloop  # type: ignore[import-not-found]
@@ -303,7 +272,7 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(bench(args) if args.serve_stub is None else serve_stub(args.serve_stub))
+    asyncio.run(bench(args))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Every message that crosses a process boundary, as msgspec structs (never pickle).
 
 Channels (ZMQ PUSH/PULL over ipc://):
-  frontend -> engine: GenerateReq | AbortReq | ControlReq
+  frontend -> engine: GenerateReq | AbortReq | one ControlReq subclass per control call
   engine -> frontend: BatchOut | ControlResp
 Decoding uses the tagged unions ``ToEngine`` / ``FromEngine``.
 """
@@ -117,12 +117,47 @@ class AbortReq(msgspec.Struct, tag="abort"):
     rid: str  # "" aborts every request
 
 
-class ControlReq(msgspec.Struct, tag="control"):
-    """Request/response calls into the engine (flush_cache, get_load, ...)."""
+class ControlReq(msgspec.Struct, kw_only=True):
+    """A request/response call into the engine: one struct per call (below), each its own tag,
+    so the engine dispatches on the type and a call's arguments are typed. The frontend sets
+    ``call_id`` when it sends the call (0 until then) and the answer's ControlResp carries it."""
 
-    call_id: int
-    method: str
-    args: dict[str, str | int | float | bool] = {}
+    call_id: int = 0
+
+    @property
+    def method(self) -> str:
+        """The call's name on the wire (its tag): 'get_load', 'flush_cache', ..."""
+        return str(self.__struct_config__.tag)
+
+
+class GetLoad(ControlReq, tag="get_load", kw_only=True):
+    """/get_load: the engine's load signals (EngineStats and SGLang's spellings)."""
+
+
+class ServerInfo(ControlReq, tag="server_info", kw_only=True):
+    """/server_info's internal state: pool sizes, retractions, throughput."""
+
+
+class FlushCache(ControlReq, tag="flush_cache", kw_only=True):
+    """/flush_cache: succeeds only while no request runs."""
+
+
+class CheckIntegrity(ControlReq, tag="check_integrity", kw_only=True):
+    """Check the KV pool's conservation invariant (tests and debugging)."""
+
+
+class SetPrefillRole(ControlReq, tag="set_prefill_role", kw_only=True):
+    """/set_prefill_role: the router's pool controller moves a prefill instance between pools."""
+
+    role: str
+
+
+class Shutdown(ControlReq, tag="shutdown", kw_only=True):
+    """Abort everything and leave the engine loop (the frontend drains first)."""
+
+
+CONTROL_CALLS: tuple[type[ControlReq], ...] = (GetLoad, ServerInfo, FlushCache, CheckIntegrity,
+                                               SetPrefillRole, Shutdown)
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -230,7 +265,8 @@ class EngineReady(msgspec.Struct):
     disaggregation_mode: str = "colocated"
 
 
-ToEngine = GenerateReq | AbortReq | ControlReq
+ToEngine = (GenerateReq | AbortReq | GetLoad | ServerInfo | FlushCache | CheckIntegrity | SetPrefillRole
+            | Shutdown)
 FromEngine = BatchOut | ControlResp
 
 _encoder = msgspec.msgpack.Encoder()

@@ -9,13 +9,14 @@ import os
 import tempfile
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 from sglang_pd.core.step import BucketGrid
 from sglang_pd.engine.attention import ATTENTION_BACKENDS
-from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
+from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
+from sglang_pd.utils.flags import add_flags, flag, from_flags
 
 DISAGG_MODES = ("colocated", "prefill", "decode")
 POLICY_PLUGINS_ENV = "SGLANG_PD_POLICY_PLUGINS"
@@ -34,79 +35,75 @@ load_policy_plugins()
 _MODE_ALIASES = {"null": "colocated", "none": "colocated"}
 
 
-@dataclass
-class ServerArgs:
-    model_path: str
-    tokenizer_path: str | None = None
-    load_format: str = "auto"  # auto | dummy
-    skip_tokenizer_init: bool = False
-    dtype: str = "auto"  # auto (config's dtype; float32 on CPU) | float32 | bfloat16 | float16
-    device: str = "cpu"
-    served_model_name: str | None = None
-    context_length: int | None = None
-    trust_remote_code: bool = False  # accepted for compatibility; nothing remote is ever run
+@dataclass(frozen=True, kw_only=True)
+class ServerArgs(PolicyConfig):
+    """The server's settings: every scheduling setting (``PolicyConfig``, inherited with its
+    flags) plus the server's own below. Each field with ``flag(...)`` is a CLI flag; a new
+    setting is one line (utils/flags.py)."""
+
+    model_path: str = flag(dataclasses.MISSING, "--model-path", "--model")
+    tokenizer_path: str | None = flag(None, "--tokenizer-path")
+    load_format: str = flag("auto", "--load-format", choices=("auto", "safetensors", "dummy"))
+    skip_tokenizer_init: bool = flag(False, "--skip-tokenizer-init")
+    # auto (config's dtype; float32 on CPU) | float32 | bfloat16 | float16 (half: its alias)
+    dtype: str = flag("auto", "--dtype", choices=("auto", "float32", "bfloat16", "float16", "half"))
+    device: str = flag("cpu", "--device")
+    served_model_name: str | None = flag(None, "--served-model-name")
+    context_length: int | None = flag(None, "--context-length")
+    # accepted for compatibility; nothing remote is ever run
+    trust_remote_code: bool = flag(False, "--trust-remote-code")
     # HTTP
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None
-    enable_metrics: bool = True  # /metrics is always served; flag kept for SGLang compatibility
-    log_level: str = "info"
-    log_requests: bool = False
-    # memory and batching
-    page_size: int = 16
-    max_total_tokens: int | None = None
-    mem_fraction_static: float | None = None
-    chunked_prefill_size: int = 2048
-    max_prefill_tokens: int = 16384
-    max_running_requests: int = 256
-    # requests the frontend holds (queued + running); more get 503 + Retry-After
-    max_queued_requests: int = 4096
-    schedule_policy: str = "fcfs"  # the prefill policy (--prefill-policy is an alias)
-    decode_policy: str = "continuous"
-    attention_backend: str = "torch"  # torch | triton | flashinfer | auto (engine/attention)
-    cuda_graph_max_bs: int = 160  # decode CUDA graphs for batches up to this (engine/cuda_graph.py)
-    disable_cuda_graph: bool = False  # CUDA graphs run only on --device cuda with triton attention
-    enable_mixed_chunk: bool = False  # prefill chunks and decodes in one forward
-    short_prefill_buckets: str = str(BucketGrid())  # "T1,T2,...xB1,B2,..." padded step shapes
-    # SLO defaults for requests that carry none (bench_serving's flag names)
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    cost_model_profile: str | None = None  # measured step times (docs/profile.md)
-    # deadline-aware prefill policies (docs/prefill_scheduling.md)
-    prefill_no_slo_ttft_ms: float = 30000.0
-    prefill_deadline_margin_ms: float = 0.0
-    prefill_max_partial: int = 2
-    prefill_starve_factor: float = 4.0
-    prefill_time_budget_ms: float | None = None  # Medha adaptive chunking (None: fixed chunks)
-    # dual short/long prefill queues with AWD batching (docs/prefill_scheduling.md)
-    prefill_queues: str = "single"
-    short_prefill_threshold: str = str(DEFAULT_SHORT_PREFILL_THRESHOLD)  # N tokens or "auto"
-    prefill_role: str = "both"
-    prefill_long_max_wait_ms: float = 2000.0
-    awd_w_min_ms: float = 0.0
-    awd_w_max_ms: float = 20.0
-    awd_sigma_ms: float = 5.0
-    awd_delta_ms: float = 2.0
-    awd_t_max_ms: float = 100.0
-    awd_rate_floor: float = 1.0
-    awd_min_batch_tokens: int = 1024
+    host: str = flag("127.0.0.1", "--host")
+    port: int = flag(30000, "--port")
+    api_key: str | None = flag(None, "--api-key")
+    # /metrics is always served; flag kept for SGLang compatibility
+    enable_metrics: bool = flag(True, "--enable-metrics")
+    log_level: str = flag("info", "--log-level")
+    log_requests: bool = flag(False, "--log-requests")
+    # memory and batching (the per-step budgets are PolicyConfig's)
+    max_total_tokens: int | None = flag(None, "--max-total-tokens")
+    mem_fraction_static: float | None = flag(None, "--mem-fraction-static")
+    max_queued_requests: int = flag(
+        4096, "--max-queued-requests",
+        help="requests the server holds at once (waiting + running); beyond it 503 + Retry-After")
+    schedule_policy: str = flag("fcfs", "--schedule-policy", "--prefill-policy",
+                                choices=lambda: sorted(PREFILL_POLICIES), help="prefill scheduling policy")
+    decode_policy: str = flag("continuous", "--decode-policy", choices=lambda: sorted(DECODE_POLICIES))
+    attention_backend: str = flag("torch", "--attention-backend", choices=lambda: sorted(ATTENTION_BACKENDS),
+                                  help="auto: flashinfer on CUDA if importable, else triton; torch on CPU")
+    cuda_graph_max_bs: int = flag(160, "--cuda-graph-max-bs",  # engine/cuda_graph.py
+                                  help="largest decode batch captured in a CUDA graph (CUDA only)")
+    # CUDA graphs run only on --device cuda with triton attention
+    disable_cuda_graph: bool = flag(False, "--disable-cuda-graph", help="run every step eagerly on CUDA")
+    short_prefill_buckets: str = flag(
+        str(BucketGrid()), "--short-prefill-buckets",
+        help="padded (tokens x batch) shapes of short-prefill steps, e.g. 64,128,256x1,2,4,8")
     # release streamed tokens ahead of the TPOT SLO at its pace (frontend/token_pacing.py)
-    token_pacing: bool = False
-    # /health turns 503 when the engine made no progress with work pending this long (seconds)
-    watchdog_timeout: float = 300.0
-    random_seed: int = 0
-    tp_size: int = 1
-    # disaggregation
-    disaggregation_mode: str = "colocated"
-    disaggregation_transfer_backend: str = "nixl"
-    disaggregation_bootstrap_port: int = 8998
-    disaggregation_ib_device: str | None = None  # accepted; UCX picks devices from UCX_NET_DEVICES
-    num_reserved_decode_tokens: int = 512
+    token_pacing: bool = flag(
+        False, "--token-pacing",
+        help="stream tokens that run ahead of a request's TPOT SLO at the SLO pace (off: as made)")
+    watchdog_timeout: float = flag(300.0, "--watchdog-timeout",
+                                   help="seconds without engine progress, with work pending, before /health fails")
+    random_seed: int = flag(0, "--random-seed")
+    tp_size: int = flag(1, "--tp-size", "--tensor-parallel-size")
+    # disaggregation ("null"/"none": SGLang's names of colocated)
+    disaggregation_mode: str = flag("colocated", "--disaggregation-mode", "--mode",
+                                    choices=DISAGG_MODES + tuple(_MODE_ALIASES))
+    disaggregation_transfer_backend: str = flag("nixl", "--disaggregation-transfer-backend", choices=("nixl",))
+    disaggregation_bootstrap_port: int = flag(8998, "--disaggregation-bootstrap-port")
+    # accepted; UCX picks devices from UCX_NET_DEVICES
+    disaggregation_ib_device: str | None = flag(None, "--disaggregation-ib-device")
+    num_reserved_decode_tokens: int = flag(512, "--num-reserved-decode-tokens")
     # where the frontend and engine processes meet (derived per server if unset)
-    ipc_dir: str = field(default="")
+    ipc_dir: str = ""
+    # PolicyConfig's, derived here from --disaggregation-mode and --short-prefill-buckets
+    role: str = field(default="colocated", init=False)
+    buckets: BucketGrid = field(default_factory=BucketGrid, init=False)
 
     def __post_init__(self) -> None:
-        self.disaggregation_mode = _MODE_ALIASES.get(self.disaggregation_mode, self.disaggregation_mode)
+        mode = _MODE_ALIASES.get(self.disaggregation_mode, self.disaggregation_mode)
+        object.__setattr__(self, "disaggregation_mode", mode)
+        object.__setattr__(self, "role", mode)
         problems = []
         if self.disaggregation_mode not in DISAGG_MODES:
             problems.append(f"--mode must be one of {DISAGG_MODES}, got {self.disaggregation_mode!r}")
@@ -133,17 +130,17 @@ class ServerArgs:
         if not self.watchdog_timeout > 0:
             problems.append(f"--watchdog-timeout must be > 0 seconds, got {self.watchdog_timeout}")
         try:
-            BucketGrid.parse(self.short_prefill_buckets)
+            object.__setattr__(self, "buckets", BucketGrid.parse(self.short_prefill_buckets))
         except ValueError as exc:
             problems.append(str(exc))
-        for flag, value, names in (("--schedule-policy", self.schedule_policy, PREFILL_POLICIES),
+        for name, value, names in (("--schedule-policy", self.schedule_policy, PREFILL_POLICIES),
                                    ("--decode-policy", self.decode_policy, DECODE_POLICIES),
                                    ("--attention-backend", self.attention_backend, ATTENTION_BACKENDS)):
             if value not in names:
-                problems.append(f"{flag} must be one of {sorted(names)}, got {value!r}")
+                problems.append(f"{name} must be one of {sorted(names)}, got {value!r}")
         if not problems:
             try:
-                self.policy_config()  # its own checks (policy parameters)
+                super().__post_init__()  # PolicyConfig's own checks (policy parameters)
             except ValueError as exc:
                 problems.append(str(exc))
         if not problems and self.cost_model_profile:
@@ -155,7 +152,8 @@ class ServerArgs:
             raise ValueError("; ".join(problems))
         if not self.ipc_dir:
             # a unique path only; the process that binds the sockets creates it (ensure_ipc_dir)
-            self.ipc_dir = os.path.join(tempfile.gettempdir(), f"sglang_pd_ipc_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+            object.__setattr__(self, "ipc_dir", os.path.join(
+                tempfile.gettempdir(), f"sglang_pd_ipc_{os.getpid()}_{uuid.uuid4().hex[:8]}"))
 
     def ensure_ipc_dir(self) -> str:
         os.makedirs(self.ipc_dir, exist_ok=True)
@@ -163,36 +161,12 @@ class ServerArgs:
 
     @property
     def bucket_grid(self) -> BucketGrid:
-        return BucketGrid.parse(self.short_prefill_buckets)
+        return self.buckets
 
     def policy_config(self) -> PolicyConfig:
-        """The one scheduling configuration (DESIGN.md section 3), built from these flags."""
-        return PolicyConfig(
-            slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms,
-            max_prefill_tokens=self.max_prefill_tokens, chunked_prefill_size=self.chunked_prefill_size,
-            max_running_requests=self.max_running_requests, page_size=self.page_size,
-            buckets=self.bucket_grid, enable_mixed_chunk=self.enable_mixed_chunk,
-            role=self.disaggregation_mode, cost_model_profile=self.cost_model_profile,
-            prefill_no_slo_ttft_ms=self.prefill_no_slo_ttft_ms,
-            prefill_deadline_margin_ms=self.prefill_deadline_margin_ms,
-            prefill_max_partial=self.prefill_max_partial, prefill_starve_factor=self.prefill_starve_factor,
-            prefill_time_budget_ms=self.prefill_time_budget_ms, prefill_queues=self.prefill_queues,
-            short_prefill_threshold=self._short_threshold(), prefill_role=self.prefill_role,
-            prefill_long_max_wait_ms=self.prefill_long_max_wait_ms, awd_w_min_ms=self.awd_w_min_ms,
-            awd_w_max_ms=self.awd_w_max_ms, awd_sigma_ms=self.awd_sigma_ms, awd_delta_ms=self.awd_delta_ms,
-            awd_t_max_ms=self.awd_t_max_ms, awd_rate_floor=self.awd_rate_floor,
-            awd_min_batch_tokens=self.awd_min_batch_tokens,
-        )
-
-    def _short_threshold(self) -> int | None:
-        text = str(self.short_prefill_threshold).strip().lower()
-        if text == "auto":
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"--short-prefill-threshold must be a token count or 'auto', got "
-                             f"{self.short_prefill_threshold!r}") from None
+        """The one scheduling configuration (DESIGN.md section 3): these settings narrowed to
+        PolicyConfig's fields."""
+        return PolicyConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PolicyConfig)})
 
     @property
     def tokenizer_dir(self) -> str:
@@ -213,94 +187,12 @@ class ServerArgs:
     # ----------------------------------------------------------------- CLI
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        d = ServerArgs  # defaults come from the dataclass, once
-        p = parser.add_argument
-        p("--model-path", "--model", dest="model_path", required=True)
-        p("--tokenizer-path", default=None)
-        p("--load-format", default=d.load_format, choices=["auto", "safetensors", "dummy"])
-        p("--skip-tokenizer-init", action="store_true")
-        p("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16", "half"])
-        p("--device", default=d.device)
-        p("--served-model-name", default=None)
-        p("--context-length", type=int, default=None)
-        p("--trust-remote-code", action="store_true")
-        p("--host", default=d.host)
-        p("--port", type=int, default=d.port)
-        p("--api-key", default=None)
-        p("--enable-metrics", action="store_true", default=True)
-        p("--log-level", default=d.log_level)
-        p("--log-requests", action="store_true")
-        p("--page-size", type=int, default=d.page_size)
-        p("--max-total-tokens", type=int, default=None)
-        p("--mem-fraction-static", type=float, default=None)
-        p("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
-        p("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
-        p("--max-running-requests", type=int, default=d.max_running_requests)
-        p("--max-queued-requests", type=int, default=d.max_queued_requests,
-          help="requests the server holds at once (waiting + running); beyond it 503 + Retry-After")
-        p("--schedule-policy", "--prefill-policy", dest="schedule_policy", default=d.schedule_policy,
-          choices=sorted(PREFILL_POLICIES), help="prefill scheduling policy")
-        p("--decode-policy", default=d.decode_policy, choices=sorted(DECODE_POLICIES))
-        p("--attention-backend", default=d.attention_backend, choices=sorted(ATTENTION_BACKENDS),
-          help="auto: flashinfer on CUDA if importable, else triton; torch on CPU")
-        p("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
-          help="largest decode batch captured in a CUDA graph (CUDA only)")
-        p("--disable-cuda-graph", action="store_true", help="run every step eagerly on CUDA")
-        p("--enable-mixed-chunk", action="store_true",
-          help="run prefill chunks and decodes of running requests in one forward")
-        p("--short-prefill-buckets", default=d.short_prefill_buckets,
-          help="padded (tokens x batch) shapes of short-prefill steps, e.g. 64,128,256x1,2,4,8")
-        p("--slo-ttft-ms", type=float, default=None, help="default TTFT SLO of requests without one")
-        p("--slo-tpot-ms", type=float, default=None, help="default TPOT SLO of requests without one")
-        p("--cost-model-profile", default=None, help="measured step times JSON (docs/profile.md)")
-        p("--prefill-no-slo-ttft-ms", type=float, default=d.prefill_no_slo_ttft_ms,
-          help="deadline-aware prefill policies: TTFT deadline of requests without an SLO")
-        p("--prefill-deadline-margin-ms", type=float, default=d.prefill_deadline_margin_ms,
-          help="taken off prefill deadlines (PD prefill: the KV transfer still to come)")
-        p("--prefill-max-partial", type=int, default=d.prefill_max_partial,
-          help="partly prefilled requests (each holding pages) at once")
-        p("--prefill-starve-factor", type=float, default=d.prefill_starve_factor,
-          help="kairos+: a request that waited this many TTFT SLOs is served first")
-        p("--prefill-time-budget-ms", type=float, default=None,
-          help="Medha adaptive chunking: largest chunks that fit this step time (ms); off by default")
-        p("--prefill-queues", default=d.prefill_queues, choices=["single", "dual"],
-          help="dual: short and long prefill queues, short batches by AWD")
-        p("--short-prefill-threshold", default=d.short_prefill_threshold,
-          help="new tokens <= N are short; 'auto' = PLA-Serve's fitted compute/memory boundary")
-        p("--prefill-role", default=d.prefill_role, choices=["both", "short", "long"],
-          help="the prefill class this instance serves first (others only when it has none)")
-        p("--prefill-long-max-wait-ms", type=float, default=d.prefill_long_max_wait_ms,
-          help="dual queues: longest wait of the long queue's head behind short batches")
-        for name, kind, help_text in (
-                ("awd-w-min-ms", float, "AWD window lower bound W_min"),
-                ("awd-w-max-ms", float, "AWD window upper bound W_max"),
-                ("awd-sigma-ms", float, "AWD: dispatch at once below this slack"),
-                ("awd-delta-ms", float, "AWD: safety margin of the SLA window"),
-                ("awd-t-max-ms", float, "AWD: head-of-line wait bound"),
-                ("awd-rate-floor", float, "AWD: arrival-rate floor eps (req/s)"),
-                ("awd-min-batch-tokens", int, "AWD: deadline-free dispatch at this many tokens (M_s)")):
-            p(f"--{name}", type=kind, default=getattr(d, name.replace("-", "_")), help=help_text)
-        p("--token-pacing", action="store_true",
-          help="stream tokens that run ahead of a request's TPOT SLO at the SLO pace (off: as made)")
-        p("--watchdog-timeout", type=float, default=d.watchdog_timeout,
-          help="seconds without engine progress, with work pending, before /health fails")
-        p("--random-seed", type=int, default=d.random_seed)
-        p("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
-        p("--disaggregation-mode", "--mode", dest="disaggregation_mode", default=d.disaggregation_mode,
-          choices=list(DISAGG_MODES) + list(_MODE_ALIASES))
-        p("--disaggregation-transfer-backend", default=d.disaggregation_transfer_backend,
-          choices=["nixl"])
-        p("--disaggregation-bootstrap-port", type=int, default=d.disaggregation_bootstrap_port)
-        p("--disaggregation-ib-device", default=None)
-        p("--num-reserved-decode-tokens", type=int, default=d.num_reserved_decode_tokens)
+        add_flags(parser, ServerArgs)  # one argument per flag field, PolicyConfig's included
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
-        if kwargs.get("dtype") == "half":
-            kwargs["dtype"] = "float16"
-        return cls(**kwargs)
+        dtype = "float16" if args.dtype == "half" else args.dtype  # SGLang's alias
+        return cast(ServerArgs, from_flags(cls, args, dtype=dtype))
 
 
 def parse_server_args(argv: list[str] | None = None) -> ServerArgs:

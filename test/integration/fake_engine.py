@@ -29,8 +29,8 @@ from typing import Any
 import zmq
 
 from sglang_pd.protocol import (AbortReq, BatchOut, ControlReq, ControlResp, EngineReady,
-                                EngineStats, GenerateReq, ReqOutput, TokenLogprob,
-                                decode_to_engine, encode)
+                                EngineStats, FlushCache, GenerateReq, GetLoad, ReqOutput, ServerInfo,
+                                Shutdown, TokenLogprob, decode_to_engine, encode)
 from sglang_pd.server_args import ServerArgs
 
 CHATML_TEMPLATE = (
@@ -125,20 +125,20 @@ class FakeEngine:
             self.push.send(encode(self.control(msg)))
 
     def control(self, msg: ControlReq) -> ControlResp:
-        if msg.method == "get_load":
+        if isinstance(msg, GetLoad):
             return ControlResp(call_id=msg.call_id, ok=True, result={
                 "num_running_reqs": len(self.running), "num_queue_reqs": 0,
                 "num_tokens": sum(len(r.req.input_ids) + len(r.generated)
                                   for r in self.running.values()),
                 "num_aborted": self.num_aborted, "num_received": self.num_received})
-        if msg.method == "flush_cache":
+        if isinstance(msg, FlushCache):
             if self.running:
                 return ControlResp(call_id=msg.call_id, ok=False, error="requests are running")
             return ControlResp(call_id=msg.call_id, ok=True)
-        if msg.method == "server_info":
+        if isinstance(msg, ServerInfo):
             return ControlResp(call_id=msg.call_id, ok=True,
                                result={"pid": os.getpid(), "engine": "fake"})
-        if msg.method == "shutdown":
+        if isinstance(msg, Shutdown):
             self.stop = True
             return ControlResp(call_id=msg.call_id, ok=True)
         return ControlResp(call_id=msg.call_id, ok=False, error=f"unknown method {msg.method}")

@@ -2,7 +2,7 @@
 
 The loop never blocks while there is work: it drains the inbox without waiting, runs one step,
 and sends that step's outputs. When idle it waits on the socket (bounded) and checks the KV
-pool's conservation invariant. It exits on a shutdown ControlReq or when the frontend (its
+pool's conservation invariant. It exits on a Shutdown control call or when the frontend (its
 parent) is gone; SIGTERM/SIGINT are the frontend's to handle (it drains, then tells us).
 """
 
@@ -20,7 +20,7 @@ import zmq
 from sglang_pd.engine.control import handle_control
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.protocol import (
-    AbortReq, BatchOut, ControlReq, ControlResp, EngineReady, GenerateReq, decode_to_engine, encode,
+    AbortReq, BatchOut, ControlReq, ControlResp, EngineReady, GenerateReq, Shutdown, decode_to_engine, encode,
 )
 from sglang_pd.server_args import ServerArgs
 
@@ -112,7 +112,7 @@ def _handle(core: EngineCore, data: bytes, stop: dict) -> ControlResp | None:
             core.add_request(msg)
         elif isinstance(msg, AbortReq):
             core.abort(msg.rid)
-        elif msg.method == "shutdown":
+        elif isinstance(msg, Shutdown):
             stop["flag"] = True
             core.abort("", "server shutting down")
             return ControlResp(msg.call_id, True)

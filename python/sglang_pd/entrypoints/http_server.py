@@ -23,7 +23,8 @@ from sglang_pd.frontend.errors import ApiError, bad_request
 from sglang_pd.frontend.inputs import build_generate_req, new_rid, strict_bool
 from sglang_pd.frontend.metrics import CONTENT_TYPE
 from sglang_pd.frontend.tokenizer_manager import TokenizerManager
-from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, BootstrapInfo, SamplingParams
+from sglang_pd.protocol import (FAKE_BOOTSTRAP_HOST, BootstrapInfo, FlushCache, GetLoad, SamplingParams,
+                                ServerInfo, SetPrefillRole)
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def _add_admin_routes(app: FastAPI) -> None:
         ctx = _ctx(request)
         internal: dict[str, Any] = {}
         try:
-            internal.update((await ctx.tm.control("server_info", timeout=5.0)).result)
+            internal.update((await ctx.tm.control(ServerInfo(), timeout=5.0)).result)
         except ApiError as e:
             internal["error"] = e.message
         if ctx.tm.last_stats is not None:
@@ -146,7 +147,7 @@ def _add_admin_routes(app: FastAPI) -> None:
     @app.get("/get_load")
     async def get_load(request: Request) -> Response:
         ctx = _ctx(request)
-        resp = await ctx.tm.control("get_load", timeout=5.0)
+        resp = await ctx.tm.control(GetLoad(), timeout=5.0)
         if not resp.ok:
             raise ApiError(503, f"get_load failed in the engine: {resp.error}")
         return OrjsonResponse({**resp.result, "num_frontend_reqs": len(ctx.tm.states)})
@@ -158,7 +159,7 @@ def _add_admin_routes(app: FastAPI) -> None:
         role = (await read_json_object(request)).get("role")
         if role not in ("short", "long", "both"):
             raise bad_request(f"'role' must be one of short, long, both; got {role!r}")
-        resp = await _ctx(request).tm.control("set_prefill_role", {"role": role}, timeout=5.0)
+        resp = await _ctx(request).tm.control(SetPrefillRole(role=role), timeout=5.0)
         if not resp.ok:
             raise bad_request(resp.error)
         logger.info("prefill role set to %s", resp.result.get("prefill_role"))
@@ -166,7 +167,7 @@ def _add_admin_routes(app: FastAPI) -> None:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
-        resp = await _ctx(request).tm.control("flush_cache", timeout=30.0)
+        resp = await _ctx(request).tm.control(FlushCache(), timeout=30.0)
         if not resp.ok:
             raise bad_request(f"cache not flushed: {resp.error or 'requests are running'}")
         return PlainTextResponse("Cache flushed.\n")

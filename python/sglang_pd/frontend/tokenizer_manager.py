@@ -27,7 +27,7 @@ from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.token_pacing import TokenPacer
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import (AbortReq, BatchOut, ControlReq, ControlResp, EngineReady,
-                                EngineStats, GenerateReq, ReqOutput, decode_from_engine, encode)
+                                EngineStats, GenerateReq, ReqOutput, Shutdown, decode_from_engine, encode)
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -157,18 +157,19 @@ class TokenizerManager:
             self._send(AbortReq(rid=rid))
 
     # ------------------------------------------------------------------ control calls
-    async def control(self, method: str, args: dict[str, Any] | None = None,
-                      timeout: float = 10.0) -> ControlResp:
+    async def control(self, call: ControlReq, timeout: float = 10.0) -> ControlResp:
+        """Send one typed control call (GetLoad(), SetPrefillRole(role=...), ...) and wait for
+        its answer; the call id is assigned here."""
         if self.engine_dead:
             raise ApiError(503, ENGINE_DIED)
         call_id = next(self._call_ids)
         future: asyncio.Future[ControlResp] = asyncio.get_running_loop().create_future()
         self.pending_calls[call_id] = future
         try:
-            self._send(ControlReq(call_id=call_id, method=method, args=args or {}))
+            self._send(msgspec.structs.replace(call, call_id=call_id))
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            raise ApiError(504, f"the engine did not answer {method!r} within {timeout:g}s") from None
+            raise ApiError(504, f"the engine did not answer {call.method!r} within {timeout:g}s") from None
         finally:
             self.pending_calls.pop(call_id, None)
 
@@ -358,7 +359,7 @@ class TokenizerManager:
         self.stopping = True
         if self.engine_dead or self._push is None or not self.engine_alive():
             return
-        call = asyncio.ensure_future(self.control("shutdown", timeout=timeout))
+        call = asyncio.ensure_future(self.control(Shutdown(), timeout=timeout))
         # The engine may exit on its own meanwhile (a process-group SIGTERM reaches it too):
         # stop waiting for an answer that will never come.
         while not call.done() and self.engine_alive():

@@ -1,8 +1,9 @@
 """One pure configuration for every scheduling policy (DESIGN.md section 3).
 
-The engine builds it from ``ServerArgs`` (``EngineCore``), the simulator from its own flags.
-Later policies add fields here, never a second config. Times in milliseconds where the CLI
-speaks milliseconds, with seconds views for the policies (which work in seconds).
+``ServerArgs`` extends it (the server's settings are these plus its own) and narrows back to it
+(``policy_config()``); the simulator builds it from the same generated flags. Later policies
+add fields here, never a second config. Times in milliseconds where the CLI speaks
+milliseconds, with seconds views for the policies (which work in seconds).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglang_pd.core.step import BucketGrid
+from sglang_pd.utils.flags import flag
 
 SERVER_ROLES = ("colocated", "prefill", "decode")
 PREFILL_ROLES = ("both", "short", "long")  # which prefill class an instance serves first
@@ -17,32 +19,60 @@ PREFILL_QUEUES = ("single", "dual")
 DEFAULT_SHORT_PREFILL_THRESHOLD = 256  # PLA-Serve's short regime: prompts under 256 tokens
 
 
-@dataclass
+def parse_threshold(value: int | str | None) -> int | None:
+    """--short-prefill-threshold: a token count, or "auto" (None: fitted from the cost model)."""
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--short-prefill-threshold must be a token count or 'auto', got {value!r}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
-    # SLO defaults for requests that carry none (--slo-ttft-ms / --slo-tpot-ms); None = no SLO
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
+    """Every scheduling setting. A field with ``flag(...)`` is also a command-line flag of the
+    server and of the simulator (utils/flags.py generates both); ``ServerArgs`` extends this
+    class, so a new policy setting is one field here."""
+
+    # SLO defaults for requests that carry none; None = no SLO
+    slo_ttft_ms: float | None = flag(None, "--slo-ttft-ms", help="default TTFT SLO of requests without one")
+    slo_tpot_ms: float | None = flag(None, "--slo-tpot-ms", help="default TPOT SLO of requests without one")
     # budgets (tokens / requests per step)
-    max_prefill_tokens: int = 16384
-    chunked_prefill_size: int = 2048
-    max_running_requests: int = 256
-    page_size: int = 16
+    max_prefill_tokens: int = flag(16384, "--max-prefill-tokens")
+    chunked_prefill_size: int = flag(2048, "--chunked-prefill-size")
+    max_running_requests: int = flag(256, "--max-running-requests")
+    page_size: int = flag(16, "--page-size")
     # queues and batching
-    prefill_queues: str = "single"  # single | dual (short/long)
-    # new tokens <= this are short; None = auto (PLA-Serve §2.1's L_m from the cost model)
-    short_prefill_threshold: int | None = DEFAULT_SHORT_PREFILL_THRESHOLD
-    prefill_role: str = "both"  # both | short | long (--prefill-role; switchable at runtime)
-    buckets: BucketGrid = field(default_factory=BucketGrid)
-    enable_mixed_chunk: bool = False
-    # this server's role in a PD cluster
+    prefill_queues: str = flag("single", "--prefill-queues", choices=PREFILL_QUEUES,
+                               help="dual: short and long prefill queues, short batches by AWD")
+    # new tokens <= this are short; None = auto (PLA-Serve §2.1's L_m from the cost model). The
+    # flag's text ("N" or "auto") is read by __post_init__.
+    short_prefill_threshold: int | None = flag(
+        DEFAULT_SHORT_PREFILL_THRESHOLD, "--short-prefill-threshold", text=True,
+        help="new tokens <= N are short; 'auto' = PLA-Serve's fitted compute/memory boundary")
+    prefill_role: str = flag("both", "--prefill-role", choices=PREFILL_ROLES,  # switchable at runtime
+                             help="the prefill class this instance serves first (others only when it has none)")
+    buckets: BucketGrid = field(default_factory=BucketGrid)  # the server's --short-prefill-buckets
+    enable_mixed_chunk: bool = flag(False, "--enable-mixed-chunk",
+                                    help="run prefill chunks and decodes of running requests in one forward")
+    # this server's role in a PD cluster (the server's --disaggregation-mode)
     role: str = "colocated"
     # measured step times (docs/profile.md); None = learn online from a cold start
-    cost_model_profile: str | None = None
+    cost_model_profile: str | None = flag(None, "--cost-model-profile",
+                                          help="measured step times JSON (docs/profile.md)")
     # deadline-aware prefill policies (docs/prefill_scheduling.md)
-    prefill_no_slo_ttft_ms: float = 30000.0  # deadline of a request with no TTFT SLO at all
-    prefill_deadline_margin_ms: float = 0.0  # after prefill, before the first token (KV transfer)
-    prefill_max_partial: int = 2  # partly prefilled requests (holding pages) at once
-    prefill_starve_factor: float = 4.0  # kairos+: waited this many TTFT SLOs -> served first
+    prefill_no_slo_ttft_ms: float = flag(30000.0, "--prefill-no-slo-ttft-ms",
+                                         help="deadline-aware prefill policies: TTFT deadline of requests without an SLO")
+    prefill_deadline_margin_ms: float = flag(0.0, "--prefill-deadline-margin-ms",
+                                             help="taken off prefill deadlines (PD prefill: the KV transfer still to come)")
+    prefill_max_partial: int = flag(2, "--prefill-max-partial",
+                                    help="partly prefilled requests (each holding pages) at once")
+    prefill_starve_factor: float = flag(4.0, "--prefill-starve-factor",
+                                        help="kairos+: a request that waited this many TTFT SLOs is served first")
     # slack-guided decode policies (docs/decode_scheduling.md): the TPOT pace assumed for a
     # request without a TPOT SLO, which bounds how long it may be skipped
     decode_no_slo_tpot_ms: float = 1000.0
@@ -50,19 +80,24 @@ class PolicyConfig:
     # torch backend's one SDPA call): a step then costs as if all had the longest context
     decode_attention_padded: bool = False
     # Medha App. A.2 adaptive chunking: target step time (ms); None = fixed chunks only
-    prefill_time_budget_ms: float | None = None
+    prefill_time_budget_ms: float | None = flag(
+        None, "--prefill-time-budget-ms",
+        help="Medha adaptive chunking: largest chunks that fit this step time (ms); off by default")
     # dual queues: the long queue's head waits at most this long behind short batches
-    prefill_long_max_wait_ms: float = 2000.0
+    prefill_long_max_wait_ms: float = flag(2000.0, "--prefill-long-max-wait-ms",
+                                           help="dual queues: longest wait of the long queue's head behind short batches")
     # AWD (PLA-Serve Alg. 1, docs/prefill_scheduling.md): the paper gives no values for these
-    awd_w_min_ms: float = 0.0  # window bounds [W_min, W_max]
-    awd_w_max_ms: float = 20.0
-    awd_sigma_ms: float = 5.0  # dispatch at once when a request's slack after S_hat is <= sigma
-    awd_delta_ms: float = 2.0  # safety margin of the SLA window
-    awd_t_max_ms: float = 100.0  # head-of-line wait bound
-    awd_rate_floor: float = 1.0  # eps: arrival-rate floor (requests/s) of the graph window
-    awd_min_batch_tokens: int = 1024  # M_s: deadline-free batches dispatch at this many tokens
+    awd_w_min_ms: float = flag(0.0, "--awd-w-min-ms", help="AWD window lower bound W_min")
+    awd_w_max_ms: float = flag(20.0, "--awd-w-max-ms", help="AWD window upper bound W_max")
+    awd_sigma_ms: float = flag(5.0, "--awd-sigma-ms", help="AWD: dispatch at once below this slack")
+    awd_delta_ms: float = flag(2.0, "--awd-delta-ms", help="AWD: safety margin of the SLA window")
+    awd_t_max_ms: float = flag(100.0, "--awd-t-max-ms", help="AWD: head-of-line wait bound")
+    awd_rate_floor: float = flag(1.0, "--awd-rate-floor", help="AWD: arrival-rate floor eps (req/s)")
+    awd_min_batch_tokens: int = flag(1024, "--awd-min-batch-tokens",
+                                     help="AWD: deadline-free dispatch at this many tokens (M_s)")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "short_prefill_threshold", parse_threshold(self.short_prefill_threshold))
         if self.role not in SERVER_ROLES:
             raise ValueError(f"role must be one of {SERVER_ROLES}, got {self.role!r}")
         for name in ("slo_ttft_ms", "slo_tpot_ms"):

@@ -1,25 +1,28 @@
 """``python -m sglang_pd.sim {run,sweep,plan}``: flags shared by the three commands.
 
 Policy and scheduling flags carry the server's names (``--prefill-policy``, ``--prefill-queues``,
-``--decode-policy``, ``--slo-ttft-ms``, ...) and go into the one ``PolicyConfig``.
+``--decode-policy``, ``--slo-ttft-ms``, ...) and go into the one ``PolicyConfig``; every
+PolicyConfig flag is generated from its field (utils/flags.py), as the server's are.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
 
 from sglang_pd_router.controller import ControllerConfig
 from sglang_pd_router.policies import ROUTING_POLICIES, RoutingConfig
 
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.sim.cluster import ClusterSpec
-from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.sim.profiles import StepCost, build_cost, pads
 from sglang_pd.sim.workload import Workload, from_trace, parse_mix, synthetic
+from sglang_pd.utils.flags import add_flags, from_flags
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -71,38 +74,23 @@ def add_common(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("scheduling (server flag names)")
     s.add_argument("--prefill-policy", default="fcfs", choices=sorted(PREFILL_POLICIES))
     s.add_argument("--decode-policy", default="continuous", choices=sorted(DECODE_POLICIES))
-    s.add_argument("--prefill-queues", default="single", choices=("single", "dual"))
-    s.add_argument("--short-prefill-threshold", default=None, help="tokens, or auto")
-    s.add_argument("--slo-ttft-ms", type=float)
+    s.add_argument("--num-reserved-decode-tokens", type=int, default=512)
+    # every PolicyConfig setting, from its field (--prefill-role is per instance, above)
+    add_flags(s, PolicyConfig, exclude=("prefill_role",))
     s.add_argument("--slo-ttft-ms-long", type=float,
                    help="TTFT SLO of long requests (new prompt tokens over --short-prefill-threshold); "
                         "--slo-ttft-ms is then the short class's (the router's --slo-ttft-ms SHORT LONG)")
-    s.add_argument("--slo-tpot-ms", type=float)
-    s.add_argument("--chunked-prefill-size", type=int, default=2048)
-    s.add_argument("--max-prefill-tokens", type=int, default=16384)
-    s.add_argument("--max-running-requests", type=int, default=256)
-    s.add_argument("--page-size", type=int, default=16)
-    s.add_argument("--enable-mixed-chunk", action="store_true")
-    s.add_argument("--num-reserved-decode-tokens", type=int, default=512)
-    s.add_argument("--cost-model-profile", help="the schedulers' prior (docs/profile.md)")
-    s.add_argument("--prefill-deadline-margin-ms", type=float, default=0.0)
     o = p.add_argument_group("output")
     o.add_argument("--output-dir", help="requests.jsonl, summary.json and PNG plots go here")
     o.add_argument("--long-threshold", type=int, default=8192, help="prompt tokens from which a request is long")
     o.add_argument("--no-progress", action="store_true")
 
 
-def policy_config(a: argparse.Namespace, prefill_policy: str | None = None) -> PolicyConfig:
-    kw = dict(slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, max_prefill_tokens=a.max_prefill_tokens,
-              chunked_prefill_size=a.chunked_prefill_size, max_running_requests=a.max_running_requests,
-              page_size=a.page_size, enable_mixed_chunk=a.enable_mixed_chunk, prefill_queues=a.prefill_queues,
-              cost_model_profile=a.cost_model_profile, prefill_deadline_margin_ms=a.prefill_deadline_margin_ms)
-    if a.short_prefill_threshold is not None:
-        text = str(a.short_prefill_threshold).strip().lower()
-        kw["short_prefill_threshold"] = None if text == "auto" else int(text)
+def policy_config(a: argparse.Namespace) -> PolicyConfig:
+    padded = False
     if str(a.profile).endswith(".json") and Path(a.profile).is_file():  # (a missing one: build_cost says)
-        kw["decode_attention_padded"] = pads(load_profile(a.profile))  # the engine pads as profiled
-    return PolicyConfig(**kw)
+        padded = pads(load_profile(a.profile))  # the engine pads as profiled
+    return cast(PolicyConfig, from_flags(PolicyConfig, a, prefill_role="both", decode_attention_padded=padded))
 
 
 def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decode_policy: str | None = None,
