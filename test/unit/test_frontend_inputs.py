@@ -18,7 +18,7 @@ from sglang_pd.frontend.inputs import (build_generate_req, make_bootstrap, make_
                                        parse_sampling_params)
 from sglang_pd.frontend.metrics import FrontendMetrics
 from sglang_pd.frontend.tokenizer_manager import TokenizerManager
-from sglang_pd.protocol import EngineReady, SamplingParams
+from sglang_pd.protocol import EngineReady, SamplingParams, Slo
 from sglang_pd.server_args import ServerArgs
 
 ENGINE = EngineReady(ok=True, context_length=64, vocab_size=100)
@@ -90,7 +90,8 @@ def test_build_generate_req_clamps_to_context_and_makes_rid() -> None:
 def test_slo_from_body_and_headers() -> None:
     assert make_slo(None, {}) is None
     slo = make_slo({"ttft_ms": 200}, {"x-slo-tpot-ms": "20"})
-    assert slo is not None and slo.ttft_ms == 200 and slo.tpot_ms == 20
+    assert slo is not None and slo.ttft_s == 0.2 and slo.tpot_s == 0.02
+    assert make_slo({"ttft_ms": 200}, {}, Slo(1.0, 0.05)) == Slo(0.2, 0.05)  # server default per field
     assert "x-slo-ttft-ms" in _error(make_slo, None, {"x-slo-ttft-ms": "soon"})
     assert "slo.tpot_ms must be a positive" in _error(make_slo, {"tpot_ms": 0}, {})
     assert "positive finite" in _error(make_slo, None, {"x-slo-ttft-ms": "nan"})  # NaN passed "<= 0"
@@ -111,7 +112,7 @@ def test_generate_body_single_and_batch(ctx: ServerContext) -> None:
          "model": "ignored", "return_text_in_logprobs": True, "log_metrics": True,
          "bootstrap_host": "h", "bootstrap_room": 5, "slo": {"ttft_ms": 100}}, ctx, {})
     assert not batch and reqs[0].rid == "r1" and reqs[0].bootstrap is not None
-    assert reqs[0].slo is not None and reqs[0].slo.ttft_ms == 100
+    assert reqs[0].slo is not None and reqs[0].slo.ttft_s == 0.1
     reqs, batch = parse_generate_body(
         {"input_ids": [[1], [2, 3]], "rid": ["a", "b"], "bootstrap_host": ["h1", "h2"],
          "bootstrap_room": [1, 2], "sampling_params": [{"max_new_tokens": 1}, {}],

@@ -131,8 +131,7 @@ class EngineCore:
         if error:
             self.outbox.append(_error_output(msg.rid, len(msg.input_ids), error, 400))
             return
-        cfg = self.policy_config
-        req = Req.from_msg(msg, self.clock(), time.time(), (cfg.slo_ttft_s, cfg.slo_tpot_s))
+        req = Req.from_msg(msg, self.clock(), time.time())  # SLO resolved at entry
         if req.params.max_new_tokens == 0:
             # nothing to compute, in every mode: PD decode and prefill both see the same body
             # and answer at once, so neither bootstraps a transfer the other will not join

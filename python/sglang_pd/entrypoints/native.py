@@ -61,7 +61,7 @@ async def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers:
     rids = body.get("rid")
     if is_batch and isinstance(rids, str):
         raise bad_request("'rid' must be a list with one id per prompt for a batch request")
-    slo = make_slo(body.get("slo"), headers)
+    slo = make_slo(body.get("slo"), headers, ctx.default_slo)
     arrival = time.time()
     reqs = []
     for i, ids in enumerate(prompts):

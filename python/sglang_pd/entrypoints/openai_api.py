@@ -55,7 +55,7 @@ def _make_reqs(req: CompletionRequest | ChatCompletionRequest, prompts: list[lis
                max_tokens: int | None, ctx: ServerContext, request: Request, top_n: int,
                return_logprob: bool) -> list[GenerateReq]:
     n = len(prompts)
-    slo = make_slo(req.slo, dict(request.headers))
+    slo = make_slo(req.slo, dict(request.headers), ctx.default_slo)
     arrival = time.time()
     reqs = []
     for i, ids in enumerate(prompts):

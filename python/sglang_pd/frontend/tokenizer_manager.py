@@ -232,12 +232,11 @@ class TokenizerManager:
             return None
         pacer = self.pacers.get(state.rid)
         if pacer is None:
-            slo = state.req.slo
-            tpot_ms = (slo.tpot_ms if slo is not None else None) or self.server_args.slo_tpot_ms
-            if not tpot_ms:
+            tpot_s = state.req.slo.tpot_s if state.req.slo is not None else None  # resolved
+            if not tpot_s:
                 return None
             pacer = self.pacers[state.rid] = TokenPacer(
-                tpot_ms / 1e3, lambda out, st=state: None if st.finished else self._apply_output(st, out))
+                tpot_s, lambda out, st=state: None if st.finished else self._apply_output(st, out))
         return pacer
 
     def _drop_pacer(self, rid: str) -> None:
@@ -296,23 +295,21 @@ class TokenizerManager:
     def _observe_slo(self, state: ReqState) -> None:
         """Per-class SLO attainment counters (client aborts never get here: not the server's
         miss). Class: new prompt tokens against the server's short/long threshold."""
-        args, spec = self.server_args, state.req.slo
-        slo_ttft_ms = (spec.ttft_ms if spec is not None else None) or args.slo_ttft_ms
-        slo_tpot_ms = (spec.tpot_ms if spec is not None else None) or args.slo_tpot_ms
-        if not slo_ttft_ms and not slo_tpot_ms:
+        slo = state.req.slo  # resolved at parse time (server defaults included)
+        if slo is None:
             return
         threshold = self.last_stats.short_prefill_threshold if self.last_stats is not None else 0
         if threshold <= 0:
             threshold = self._short_threshold
         cls = "short" if state.prompt_tokens - state.cached_tokens <= threshold else "long"
         ttft = state.first_token_time - state.created if state.first_token_time is not None else None
-        if slo_ttft_ms:
-            self.metrics.observe_slo(cls, "ttft", ttft, slo_ttft_ms / 1e3)
-        if slo_tpot_ms and state.completion_tokens > 1:
+        if slo.ttft_s:
+            self.metrics.observe_slo(cls, "ttft", ttft, slo.ttft_s)
+        if slo.tpot_s and state.completion_tokens > 1:
             tpot = None
             if state.first_token_time is not None and state.finished_time is not None:
                 tpot = (state.finished_time - state.first_token_time) / (state.completion_tokens - 1)
-            self.metrics.observe_slo(cls, "tpot", tpot, slo_tpot_ms / 1e3)
+            self.metrics.observe_slo(cls, "tpot", tpot, slo.tpot_s)
 
     async def _watch_engine(self) -> None:
         while not self.stopping:
