@@ -121,6 +121,9 @@ class GenerateReq(msgspec.Struct, tag="generate"):
     top_logprobs_num: int = 0
     arrival_time: float = 0.0  # time.time() at the frontend
     slo: Slo | None = None  # resolved (seconds): the engine applies no default
+    # "short" | "long" as the frontend resolved it (sglang_pd_router.request_class.resolve_class:
+    # the router's when its token count matched ours, else ours); "": unclassified
+    request_class: str = ""
     bootstrap: BootstrapInfo | None = None
 
 

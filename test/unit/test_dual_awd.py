@@ -187,12 +187,20 @@ def test_role_long_serves_shorts_only_when_no_long_waits_and_never_strands_them(
 
 
 def test_role_switch_at_runtime_and_bad_role() -> None:
+    """The role is scheduler state (set from the config), handed to the policy in each budget."""
     policy = create_prefill_policy("fcfs", _cfg())
-    assert isinstance(policy, DualQueuePrefillPolicy) and policy.role == "both"
-    policy.set_role("long")
-    assert policy.role == "long"
+    sched = Scheduler(CountingAllocator(1000), _cfg(), policy, create_decode_policy("continuous", _cfg()))
+    assert isinstance(policy, DualQueuePrefillPolicy) and policy.serves_roles and sched.prefill_role == "both"
+    sched.set_prefill_role("long")
+    assert sched.prefill_role == "long"
     with pytest.raises(ValueError, match="prefill role"):
-        policy.set_role("medium")
+        sched.set_prefill_role("medium")
+    single = _cfg(prefill_queues="single")
+    plain = Scheduler(CountingAllocator(1000), single, create_prefill_policy("fcfs", single),
+                      create_decode_policy("continuous", single))
+    with pytest.raises(ValueError, match="--prefill-queues dual"):  # a single queue has no roles
+        plain.set_prefill_role("short")
+    assert plain.prefill_role == "both"
 
 
 def test_classification_key_is_stable_and_auto_threshold_is_pla_boundary() -> None:

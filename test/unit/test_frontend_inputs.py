@@ -122,6 +122,26 @@ def test_generate_body_single_and_batch(ctx: ServerContext) -> None:
     assert reqs[0].return_logprob and not reqs[1].return_logprob
 
 
+def test_router_class_used_when_its_count_matches_else_ours_and_counted(ctx: ServerContext) -> None:
+    """request_class.py: the router's class headers are used when its token count is ours (its
+    threshold may differ); a different count is counted and our own count classifies; without
+    headers (SGLang's routers) the server classifies by itself; bad headers are ignored."""
+    body = {"input_ids": list(range(10)), "sampling_params": {"max_new_tokens": 1}}
+    mismatches = lambda: ctx.tm.metrics.class_mismatch._value.get()  # noqa: E731
+    assert ctx.tm.class_threshold() == 256  # the one default (request_class.SHORT_PREFILL_THRESHOLD)
+
+    def cls(headers: dict) -> str:
+        return parse_generate_body(body, ctx, headers)[0][0].request_class
+
+    assert cls({}) == "short"  # 10 tokens <= 256: ours
+    assert cls({"x-sglang-pd-class": "long", "x-sglang-pd-class-tokens": "10"}) == "long"  # the router's
+    assert mismatches() == 0
+    assert cls({"x-sglang-pd-class": "long", "x-sglang-pd-class-tokens": "9"}) == "short"  # ours wins
+    assert mismatches() == 1
+    assert cls({"x-sglang-pd-class": "medium", "x-sglang-pd-class-tokens": "10"}) == "short"  # ignored
+    assert mismatches() == 1
+
+
 def test_generate_body_errors(ctx: ServerContext) -> None:
     assert "exactly one of 'text' or 'input_ids'" in _error(parse_generate_body, {}, ctx, {})
     assert "exactly one" in _error(parse_generate_body, {"text": "a", "input_ids": [1]}, ctx, {})

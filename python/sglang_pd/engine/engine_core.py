@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from sglang_pd.core.load_signals import LoadTracker, class_queues, short_threshold
+from sglang_pd.core.load_signals import LoadTracker, class_queues
 from sglang_pd.core.page_allocator import PageAllocator
 from sglang_pd.core.pd_rules import whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler, ScheduledStep
@@ -39,7 +39,6 @@ from sglang_pd.models.loader import load_model
 from sglang_pd.protocol import (
     EngineReady, EngineStats, GenerateReq, ReqOutput, StepSamples, TokenLogprob,
 )
-from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.server_args import ServerArgs
 
@@ -316,7 +315,7 @@ class EngineCore:
         req.output_ids.append(tok)
         if first:
             req.first_token_time = now
-            self.loads.first_token(req, now, short_threshold(self.scheduler.prefill_policy, self.scheduler.cfg))
+            self.loads.first_token(req, now, self.scheduler.prefill_policy.class_threshold(), req.request_class)
         if req.return_logprob and logprob is not None:
             req.pending_logprobs.append((logprob, tok))
             if top is not None:
@@ -404,8 +403,8 @@ class EngineCore:
     def _class_stats(self, now: float) -> dict[str, str | int | float]:
         """Per-class queues, SLO deviation, role and busy share (core/load_signals.py)."""
         sched, loads = self.scheduler, self.loads
-        threshold = short_threshold(sched.prefill_policy, sched.cfg)
-        return dict(prefill_role=getattr(sched.prefill_policy, "role", sched.cfg.prefill_role),
+        threshold = sched.prefill_policy.class_threshold()
+        return dict(prefill_role=sched.prefill_role,
                     short_prefill_threshold=threshold, **class_queues(sched.waiting, threshold),
                     slo_ttft_deviation_short=loads.mean_deviation("short"),
                     slo_ttft_deviation_long=loads.mean_deviation("long"),
@@ -413,12 +412,8 @@ class EngineCore:
 
     def set_prefill_role(self, role: str) -> str:
         """Switch this prefill instance's class at runtime (the router's pool controller)."""
-        policy = self.scheduler.prefill_policy
-        if not isinstance(policy, DualQueuePrefillPolicy):
-            raise ValueError("the prefill role can only change on a server started with "
-                             "--prefill-queues dual (or a --prefill-role)")
-        policy.set_role(role)
-        return policy.role
+        self.scheduler.set_prefill_role(role)
+        return self.scheduler.prefill_role
 
     def close(self) -> None:
         self.pd.close()

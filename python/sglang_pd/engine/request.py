@@ -29,6 +29,7 @@ class Req:
     top_logprobs_num: int = 0
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
+    request_class: str = ""  # the frontend's (GenerateReq.request_class)
     predicted_output_len: int | None = None
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
@@ -66,6 +67,7 @@ class Req:
             top_logprobs_num=msg.top_logprobs_num,
             slo_ttft_s=slo.ttft_s if slo is not None else None,
             slo_tpot_s=slo.tpot_s if slo is not None else None,
+            request_class=msg.request_class,
         )
 
     # ---- SchedReq view (scheduling/types.py)

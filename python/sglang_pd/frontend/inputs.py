@@ -120,7 +120,7 @@ def build_generate_req(*, input_ids: list[int], sampling: SamplingParams, engine
                        rid: str | None = None, stream: bool = False,
                        return_logprob: bool = False, top_logprobs_num: int = 0,
                        slo: Slo | None = None, bootstrap: BootstrapInfo | None = None,
-                       arrival_time: float = 0.0) -> GenerateReq:
+                       arrival_time: float = 0.0, request_class: str = "") -> GenerateReq:
     check_input_ids(input_ids, engine)
     problem = sampling.validate(engine.vocab_size or None)
     if problem:
@@ -138,4 +138,5 @@ def build_generate_req(*, input_ids: list[int], sampling: SamplingParams, engine
     return GenerateReq(rid=rid or new_rid(), input_ids=input_ids, sampling_params=sampling,
                        stream=stream, return_logprob=return_logprob,
                        top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                       arrival_time=arrival_time, slo=slo, bootstrap=bootstrap)
+                       arrival_time=arrival_time, slo=slo, bootstrap=bootstrap,
+                       request_class=request_class)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_pd_router.request_class import PREFILL_ROLES  # noqa: F401 (the one definition, re-exported)
+from sglang_pd_router.request_class import (
+    SHORT_PREFILL_THRESHOLD as DEFAULT_SHORT_PREFILL_THRESHOLD,
+)
+
 from sglang_pd.core.step import BucketGrid
 
 SERVER_ROLES = ("colocated", "prefill", "decode")
-PREFILL_ROLES = ("both", "short", "long")  # which prefill class an instance serves first
 PREFILL_QUEUES = ("single", "dual")
-DEFAULT_SHORT_PREFILL_THRESHOLD = 256  # PLA-Serve's short regime: prompts under 256 tokens
 
 
 @dataclass

@@ -58,6 +58,9 @@ class SlackDecodePolicy(DecodePolicy):
             return r.slo_tpot_s
         return no_slo_tpot_s(self.cfg)  # the no-SLO rule (scheduling/slo.py)
 
+    def use_cost_model(self, model: DecodeCostModel) -> None:
+        self.model = model
+
     def any_slo(self, running: Sequence[SchedReq]) -> bool:
         return any(r.slo_tpot_s for r in running)  # none: the SLO-free mode (continuous)
 

@@ -63,6 +63,12 @@ class DeadlinePolicy(PrefillPolicy):
     def observe(self, step: StepProfile, elapsed_s: float, now: float) -> None:
         self.model.observe(step, elapsed_s, now)
 
+    def class_threshold(self) -> int:
+        return self.short_threshold()  # the chunker's "long", fitted under auto
+
+    def use_cost_model(self, model: PrefillCostModel) -> None:
+        self.model = model
+
     def slo_s(self, req: R) -> float:
         return req.slo_ttft_s or self.no_slo_s
 
