@@ -127,7 +127,9 @@ def test_router_class_used_when_its_count_matches_else_ours_and_counted(ctx: Ser
     threshold may differ); a different count is counted and our own count classifies; without
     headers (SGLang's routers) the server classifies by itself; bad headers are ignored."""
     body = {"input_ids": list(range(10)), "sampling_params": {"max_new_tokens": 1}}
-    mismatches = lambda: ctx.tm.metrics.class_mismatch._value.get()  # noqa: E731
+    def mismatches() -> float:
+        return ctx.tm.metrics.class_mismatch._value.get()
+
     assert ctx.tm.class_threshold() == 256  # the one default (request_class.SHORT_PREFILL_THRESHOLD)
 
     def cls(headers: dict) -> str:

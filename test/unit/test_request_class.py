@@ -4,7 +4,6 @@ the router's class headers and how a server resolves them; the server's load sig
 from __future__ import annotations
 
 from policy_helpers import FakeReq
-
 from sglang_pd.core.load_signals import LoadTracker, class_queues
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PREFILL_ROLES
 from sglang_pd_router import request_class as rc

@@ -5,11 +5,11 @@ else the server default) and the engine applies no default of its own."""
 from __future__ import annotations
 
 import pytest
-
 from sglang_pd.engine.request import MAX_FRONTEND_AGE_S, Req
 from sglang_pd.offline_engine import parse_slo
 from sglang_pd.protocol import GenerateReq, SamplingParams, Slo
-from sglang_pd.request_params import default_slo, parse_slo as parse_request_slo
+from sglang_pd.request_params import default_slo
+from sglang_pd.request_params import parse_slo as parse_request_slo
 from sglang_pd.server_args import ServerArgs
 
 
