@@ -7,44 +7,21 @@ runner and sampler), stepping it until the submitted requests finish.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from typing import Any
 
-import msgspec
-
+from sglang_pd import request_params
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.frontend.detokenizer import IncrementalDetokenizer, OutputText
 from sglang_pd.frontend.tokenizer import TokenizerBundle, load_tokenizer
-from sglang_pd.protocol import GenerateReq, ReqOutput, SamplingParams, SloSpec
+from sglang_pd.protocol import GenerateReq, ReqOutput, Slo
+from sglang_pd.request_params import parse_sampling_params
 from sglang_pd.server_args import ServerArgs
 
-_SAMPLING_KEYS = frozenset(SamplingParams.__struct_fields__)
 
-
-def parse_sampling_params(params: dict[str, Any] | None) -> SamplingParams:
-    params = dict(params or {})
-    unknown = sorted(set(params) - _SAMPLING_KEYS)
-    if unknown:
-        raise ValueError(f"unknown sampling parameters {unknown}; allowed: {sorted(_SAMPLING_KEYS)}")
-    if isinstance(params.get("stop"), str):
-        params["stop"] = [params["stop"]]
-    try:
-        return msgspec.convert(params, SamplingParams, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid sampling parameters: {exc}") from exc
-
-
-def parse_slo(slo: dict[str, float] | None) -> SloSpec | None:
-    if not slo:
-        return None
-    unknown = sorted(set(slo) - {"ttft_ms", "tpot_ms"})
-    if unknown:
-        raise ValueError(f"unknown slo keys {unknown}; allowed: ['tpot_ms', 'ttft_ms']")
-    for key, value in slo.items():
-        if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-            raise ValueError(f"slo {key} must be a positive finite number of ms, got {value!r}")
-    return SloSpec(**slo)
+def parse_slo(slo: dict[str, float] | None, default: Slo | None = None) -> Slo | None:
+    """``slo={"ttft_ms": .., "tpot_ms": ..}`` as the HTTP body's, resolved the same way."""
+    return request_params.parse_slo(slo, None, default)
 
 
 class Engine:
@@ -69,10 +46,12 @@ class Engine:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
+        resolved = parse_slo(slo, request_params.default_slo(self.server_args.slo_ttft_ms,
+                                                             self.server_args.slo_tpot_ms))
         reqs = [GenerateReq(rid=f"offline-{next(self._ids)}", input_ids=ids,
                             sampling_params=parse_sampling_params(p), return_logprob=return_logprob,
                             top_logprobs_num=top_logprobs_num, arrival_time=time.time(),
-                            slo=parse_slo(slo))
+                            slo=resolved)
                 for ids, p in zip(prompts, params)]
         results = self._run(reqs)
         return results[0] if single else results

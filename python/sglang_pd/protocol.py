@@ -12,7 +12,6 @@ import math
 
 import msgspec
 
-
 # input limits that SamplingParams.validate enforces (frontend/limits.py lists them all)
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 256
@@ -84,9 +83,20 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         return None
 
 
-class SloSpec(msgspec.Struct, omit_defaults=True):
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
+class Slo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A request's SLO in seconds, resolved once where the request enters (``request_params.
+    parse_slo``: body, then headers, then the server's ``--slo-*-ms`` defaults); policies read it
+    and never apply defaults. A field left None is "no SLO" (docs/scheduling.md, "SLOs")."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    @classmethod
+    def from_ms(cls, ttft_ms: float | None, tpot_ms: float | None) -> Slo | None:
+        """The one place milliseconds (the wire's and the flags' unit) become seconds."""
+        if not ttft_ms and not tpot_ms:
+            return None
+        return cls(ttft_ms / 1e3 if ttft_ms else None, tpot_ms / 1e3 if tpot_ms else None)
 
 
 # PD requests with this bootstrap_host run locally without a KV transfer (health checks)
@@ -109,7 +119,10 @@ class GenerateReq(msgspec.Struct, tag="generate"):
     return_logprob: bool = False
     top_logprobs_num: int = 0
     arrival_time: float = 0.0  # time.time() at the frontend
-    slo: SloSpec | None = None
+    slo: Slo | None = None  # resolved (seconds): the engine applies no default
+    # "short" | "long" as the frontend resolved it (sglang_pd_router.request_class.resolve_class:
+    # the router's when its token count matched ours, else ours); "": unclassified
+    request_class: str = ""
     bootstrap: BootstrapInfo | None = None
 
 

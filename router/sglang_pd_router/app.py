@@ -23,14 +23,14 @@ from .guard import HOP_HEADER, THREAD_PARSE_BYTES, ClientError, Guard
 from .limits import INLINE_TOKENIZE_CHARS, MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN
 from .metrics import CONTENT_TYPE, RouterMetrics
 from .monitor import WorkerMonitor
-from .policies import RouteRequest, RoutingConfig, classify_length, create_routing_policy
+from .policies import RouteRequest, RoutingConfig, create_routing_policy
 from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
+from .request_class import SHORT_PREFILL_THRESHOLD, classify
 from .workers import Worker, WorkerRegistry, validate_url
 
 logger = logging.getLogger(__name__)
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
-DEFAULT_THRESHOLD = 512
 _BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")  # the router's own
 
 
@@ -44,7 +44,7 @@ class RouterService:
             self.registry.add(spec.url, "prefill", spec.bootstrap_port)
         for url in cfg.decodes:
             self.registry.add(url, "decode")
-        threshold = cfg.short_prefill_threshold or DEFAULT_THRESHOLD
+        threshold = cfg.short_prefill_threshold or SHORT_PREFILL_THRESHOLD
         self.prefill_policy = create_routing_policy(
             cfg.prefill_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
         self.decode_policy = create_routing_policy(
@@ -181,7 +181,7 @@ class RouterService:
             prompt_len = await self._prompt_len(path, body)
         except ClientError as e:
             return self._answer(path, "", e.response())
-        cls = classify_length(prompt_len, self.threshold)
+        cls = classify(prompt_len, self.threshold)
         self._apply_slo_defaults(body, request, cls)
         slo_ = body.get("slo")
         slo: dict[str, Any] = slo_ if isinstance(slo_, dict) else {}

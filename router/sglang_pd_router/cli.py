@@ -10,6 +10,7 @@ import logging
 from .config import DEFAULT_BOOTSTRAP_PORT, PrefillSpec, RouterConfig
 from .controller import ControllerConfig
 from .policies import ROUTING_POLICIES
+from .request_class import SHORT_PREFILL_THRESHOLD
 from .workers import validate_url
 
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "without it lengths are estimated from the text (4 chars a token)")
     p.add_argument("--short-prefill-threshold", type=int, default=None,
                    help="prompts of at most this many tokens are short (default: the workers' "
-                        "--short-prefill-threshold from /get_server_info, else 512)")
+                        f"--short-prefill-threshold from /get_server_info, else {SHORT_PREFILL_THRESHOLD})")
     p.add_argument("--pool-controller", choices=("on", "off"), default="on",
                    help="PLA-Serve's instance-pressure controller moving prefill workers "
                         "between the short and long pools")

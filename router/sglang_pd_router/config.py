@@ -30,7 +30,7 @@ class RouterConfig:
     metrics_api_key: str | None = None  # also opens /metrics (which api/admin keys open too)
     worker_api_key: str | None = None  # sent to workers as Bearer (defaults to api_key)
     tokenizer_path: str | None = None
-    short_prefill_threshold: int | None = None  # None: the workers' (else 512)
+    short_prefill_threshold: int | None = None  # None: the workers' (else request_class.SHORT_PREFILL_THRESHOLD)
     pool_controller: bool = True
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     drain_timeout_s: float = 60.0

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
+from .request_class import class_headers
 from .workers import Worker, WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,8 @@ class Dispatcher:
         for name in _FORWARDED_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
+        if route_req.request_class:  # our class and the count it used (request_class.py)
+            headers.update(class_headers(route_req.request_class, route_req.prompt_len))
         resume = Resume.for_request(path, body, stream, self.max_migrations)
         result = await self._dispatch(request, path, data, body, headers, route_req, stream,
                                       t_arrival, on_first_send, resume)

@@ -32,7 +32,8 @@ def _awd(**kw) -> AwdBatcher:
     return AwdBatcher(_cfg(**kw), PrefillCostModel.fixed(COEFFS))
 
 
-def _short(rid: str, arrival: float, n: int = 16, slo: float | None = None) -> FakeReq:
+def _short(rid: str, arrival: float, n: int = 16, slo: float | None = 1.0) -> FakeReq:
+    """A short request; its SLO as the entry resolved it (default: _cfg's --slo-ttft-ms 1000)."""
     return FakeReq(rid, arrival, n, slo_ttft_s=slo)
 
 
@@ -88,11 +89,21 @@ def test_depth_is_capped_by_the_token_budget() -> None:
 
 def test_deadline_free_mode_dispatches_at_min_tokens() -> None:
     awd = _awd(slo_ttft_ms=None, awd_min_batch_tokens=64)
-    three = [_short(f"r{i}", 0.0, 16) for i in range(3)]
+    three = [_short(f"r{i}", 0.0, 16, slo=None) for i in range(3)]
     held = awd.decide(three, 0.001, 16384, 64)
     assert not held.batch and held.hold_until == pytest.approx(0.200)  # T_max bound
-    d = awd.decide(three + [_short("r3", 0.0, 16)], 0.001, 16384, 64)
+    d = awd.decide(three + [_short("r3", 0.0, 16, slo=None)], 0.001, 16384, 64)
     assert d.reason == "tokens" and len(d.batch) == 4
+
+
+def test_no_slo_rule_mixed_queue_ages_like_the_deadline_policies() -> None:
+    """One rule for every policy (scheduling/slo.py): a request without an SLO, next to ones
+    with an SLO, has the far deadline (prefill_no_slo_ttft_ms) and not none: once it has waited
+    that long it is the anchor, so AWD dispatches for it at once (slack), as EDF would."""
+    awd = _awd(slo_ttft_ms=None, prefill_no_slo_ttft_ms=100.0)
+    old = _short("old", 0.0, 16, slo=None)  # due at 0.1 s under the rule (none: never due)
+    d = awd.decide([old, _short("new", 0.094, 16, slo=5.0)], 0.095, 16384, 64)
+    assert d.reason == "slack" and d.batch[0] is old
 
 
 def test_largest_chunk_fits_the_time() -> None:
@@ -176,12 +187,20 @@ def test_role_long_serves_shorts_only_when_no_long_waits_and_never_strands_them(
 
 
 def test_role_switch_at_runtime_and_bad_role() -> None:
+    """The role is scheduler state (set from the config), handed to the policy in each budget."""
     policy = create_prefill_policy("fcfs", _cfg())
-    assert isinstance(policy, DualQueuePrefillPolicy) and policy.role == "both"
-    policy.set_role("long")
-    assert policy.role == "long"
+    sched = Scheduler(CountingAllocator(1000), _cfg(), policy, create_decode_policy("continuous", _cfg()))
+    assert isinstance(policy, DualQueuePrefillPolicy) and policy.serves_roles and sched.prefill_role == "both"
+    sched.set_prefill_role("long")
+    assert sched.prefill_role == "long"
     with pytest.raises(ValueError, match="prefill role"):
-        policy.set_role("medium")
+        sched.set_prefill_role("medium")
+    single = _cfg(prefill_queues="single")
+    plain = Scheduler(CountingAllocator(1000), single, create_prefill_policy("fcfs", single),
+                      create_decode_policy("continuous", single))
+    with pytest.raises(ValueError, match="--prefill-queues dual"):  # a single queue has no roles
+        plain.set_prefill_role("short")
+    assert plain.prefill_role == "both"
 
 
 def test_classification_key_is_stable_and_auto_threshold_is_pla_boundary() -> None:

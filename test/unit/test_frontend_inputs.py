@@ -18,7 +18,7 @@ from sglang_pd.frontend.inputs import (build_generate_req, make_bootstrap, make_
                                        parse_sampling_params)
 from sglang_pd.frontend.metrics import FrontendMetrics
 from sglang_pd.frontend.tokenizer_manager import TokenizerManager
-from sglang_pd.protocol import EngineReady, SamplingParams
+from sglang_pd.protocol import EngineReady, SamplingParams, Slo
 from sglang_pd.server_args import ServerArgs
 
 ENGINE = EngineReady(ok=True, context_length=64, vocab_size=100)
@@ -90,7 +90,8 @@ def test_build_generate_req_clamps_to_context_and_makes_rid() -> None:
 def test_slo_from_body_and_headers() -> None:
     assert make_slo(None, {}) is None
     slo = make_slo({"ttft_ms": 200}, {"x-slo-tpot-ms": "20"})
-    assert slo is not None and slo.ttft_ms == 200 and slo.tpot_ms == 20
+    assert slo is not None and slo.ttft_s == 0.2 and slo.tpot_s == 0.02
+    assert make_slo({"ttft_ms": 200}, {}, Slo(1.0, 0.05)) == Slo(0.2, 0.05)  # server default per field
     assert "x-slo-ttft-ms" in _error(make_slo, None, {"x-slo-ttft-ms": "soon"})
     assert "slo.tpot_ms must be a positive" in _error(make_slo, {"tpot_ms": 0}, {})
     assert "positive finite" in _error(make_slo, None, {"x-slo-ttft-ms": "nan"})  # NaN passed "<= 0"
@@ -111,7 +112,7 @@ def test_generate_body_single_and_batch(ctx: ServerContext) -> None:
          "model": "ignored", "return_text_in_logprobs": True, "log_metrics": True,
          "bootstrap_host": "h", "bootstrap_room": 5, "slo": {"ttft_ms": 100}}, ctx, {})
     assert not batch and reqs[0].rid == "r1" and reqs[0].bootstrap is not None
-    assert reqs[0].slo is not None and reqs[0].slo.ttft_ms == 100
+    assert reqs[0].slo is not None and reqs[0].slo.ttft_s == 0.1
     reqs, batch = parse_generate_body(
         {"input_ids": [[1], [2, 3]], "rid": ["a", "b"], "bootstrap_host": ["h1", "h2"],
          "bootstrap_room": [1, 2], "sampling_params": [{"max_new_tokens": 1}, {}],
@@ -119,6 +120,28 @@ def test_generate_body_single_and_batch(ctx: ServerContext) -> None:
     assert batch and [r.rid for r in reqs] == ["a", "b"]
     assert [r.bootstrap.room for r in reqs if r.bootstrap] == [1, 2]
     assert reqs[0].return_logprob and not reqs[1].return_logprob
+
+
+def test_router_class_used_when_its_count_matches_else_ours_and_counted(ctx: ServerContext) -> None:
+    """request_class.py: the router's class headers are used when its token count is ours (its
+    threshold may differ); a different count is counted and our own count classifies; without
+    headers (SGLang's routers) the server classifies by itself; bad headers are ignored."""
+    body = {"input_ids": list(range(10)), "sampling_params": {"max_new_tokens": 1}}
+    def mismatches() -> float:
+        return ctx.tm.metrics.class_mismatch._value.get()
+
+    assert ctx.tm.class_threshold() == 256  # the one default (request_class.SHORT_PREFILL_THRESHOLD)
+
+    def cls(headers: dict) -> str:
+        return parse_generate_body(body, ctx, headers)[0][0].request_class
+
+    assert cls({}) == "short"  # 10 tokens <= 256: ours
+    assert cls({"x-sglang-pd-class": "long", "x-sglang-pd-class-tokens": "10"}) == "long"  # the router's
+    assert mismatches() == 0
+    assert cls({"x-sglang-pd-class": "long", "x-sglang-pd-class-tokens": "9"}) == "short"  # ours wins
+    assert mismatches() == 1
+    assert cls({"x-sglang-pd-class": "medium", "x-sglang-pd-class-tokens": "10"}) == "short"  # ignored
+    assert mismatches() == 1
 
 
 def test_generate_body_errors(ctx: ServerContext) -> None:

@@ -247,7 +247,8 @@ def test_walk_skips_fresh_requests_without_slots_but_continues_started_ones() ->
 def test_no_slo_deadline_and_pd_margin() -> None:
     r = FakeReq("x", 10.0, 5)
     assert _edf().deadline(r) == pytest.approx(40.0)  # 30 s default for no SLO at all
-    assert _edf(slo_ttft_ms=2000).deadline(r) == pytest.approx(12.0)  # the server default
+    # the server default is resolved at entry (test_request_slo), never by a policy
+    assert _edf(slo_ttft_ms=2000).deadline(r) == pytest.approx(40.0)
     due_in_1s = FakeReq("y", 0.0, 5, slo_ttft_s=1.0)
     assert _edf(prefill_deadline_margin_ms=250).deadline(due_in_1s) == pytest.approx(0.75)
 

@@ -1,17 +1,19 @@
 """SLO defaults and deadlines (DESIGN.md section 3): a request's clock starts at the frontend's
-arrival, converted once into the engine clock; its SLO is its own, else the server default."""
+arrival, converted once into the engine clock; its SLO is resolved once where it enters (its own,
+else the server default) and the engine applies no default of its own."""
 
 from __future__ import annotations
 
 import pytest
-
 from sglang_pd.engine.request import MAX_FRONTEND_AGE_S, Req
 from sglang_pd.offline_engine import parse_slo
-from sglang_pd.protocol import GenerateReq, SamplingParams, SloSpec
+from sglang_pd.protocol import GenerateReq, SamplingParams, Slo
+from sglang_pd.request_params import default_slo
+from sglang_pd.request_params import parse_slo as parse_request_slo
 from sglang_pd.server_args import ServerArgs
 
 
-def _msg(arrival_time: float = 0.0, slo: SloSpec | None = None) -> GenerateReq:
+def _msg(arrival_time: float = 0.0, slo: Slo | None = None) -> GenerateReq:
     return GenerateReq(rid="r", input_ids=[1, 2], sampling_params=SamplingParams(),
                        arrival_time=arrival_time, slo=slo)
 
@@ -26,11 +28,18 @@ def test_deadline_starts_at_the_frontend_arrival() -> None:
 
 
 def test_server_defaults_apply_only_without_a_request_slo() -> None:
-    defaults = (0.5, 0.05)
-    plain = Req.from_msg(_msg(), 0.0, 0.0, defaults)
-    assert (plain.slo_ttft_s, plain.slo_tpot_s) == defaults
-    own = Req.from_msg(_msg(slo=SloSpec(ttft_ms=200.0)), 0.0, 0.0, defaults)
-    assert (own.slo_ttft_s, own.slo_tpot_s) == (0.2, 0.05)  # per field: tpot falls back
+    defaults = default_slo(500.0, 50.0)
+    assert defaults == Slo(0.5, 0.05) and default_slo(None, None) is None
+    assert parse_request_slo(None, {}, defaults) == defaults
+    own = parse_request_slo({"ttft_ms": 200.0}, {}, defaults)
+    assert own == Slo(0.2, 0.05)  # per field: tpot falls back
+    assert parse_request_slo(None, {"x-slo-tpot-ms": "20"}, defaults) == Slo(0.5, 0.02)
+    assert parse_request_slo({"ttft_ms": 100}, {"x-slo-ttft-ms": "300"}) == Slo(0.1, None)  # body first
+    # the engine takes the resolved value as it is: no default of its own
+    req = Req.from_msg(_msg(slo=own), 0.0, 0.0)
+    assert (req.slo_ttft_s, req.slo_tpot_s) == (0.2, 0.05)
+    bare = Req.from_msg(_msg(), 0.0, 0.0)
+    assert (bare.slo_ttft_s, bare.slo_tpot_s) == (None, None)
 
 
 def test_server_args_build_the_policy_config() -> None:
@@ -48,8 +57,9 @@ def test_server_args_build_the_policy_config() -> None:
 
 
 def test_offline_slo_is_validated() -> None:
-    assert parse_slo({"ttft_ms": 100}) == SloSpec(ttft_ms=100)
+    assert parse_slo({"ttft_ms": 100}) == Slo(ttft_s=0.1)
     assert parse_slo(None) is None
+    assert parse_slo(None, Slo(1.0, None)) == Slo(1.0, None)  # the engine's defaults
     for bad in ({"ttft": 1}, {"ttft_ms": -1}, {"tpot_ms": float("inf")}):
         with pytest.raises(ValueError):
             parse_slo(bad)

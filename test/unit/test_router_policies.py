@@ -11,7 +11,7 @@ from sglang_pd_router.policies import (
     RouteRequest,
     RoutingConfig,
     WorkerView,
-    classify_length,
+    classify,
     create_routing_policy,
 )
 
@@ -96,4 +96,5 @@ def test_length_aware_decode_pick_is_the_least_held() -> None:
 
 
 def test_classify_length_boundary() -> None:
-    assert classify_length(512, 512) == "short" and classify_length(513, 512) == "long"
+    assert classify(512, 512) == "short" and classify(513, 512) == "long"
+    assert classify(256) == "short" and classify(257) == "long"  # the one default threshold

@@ -15,6 +15,7 @@ from aiohttp import web
 from router_helpers import router_cluster
 
 from sglang_pd_router.fake_worker import FakeBehaviour, FakeWorker
+from sglang_pd_router.request_class import CLASS_HEADER, CLASS_TOKENS_HEADER
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -174,7 +175,7 @@ async def test_client_disconnect_cancels_both_legs() -> None:
 
 
 async def test_length_aware_routes_by_class_and_adopts_workers_threshold() -> None:
-    async with cluster(n_prefill=2) as (url, client, ps, _, svc):
+    async with cluster(n_prefill=2) as (url, client, ps, (d,), svc):
         for p, role in zip(ps, ("short", "long")):
             p.server_info = {"prefill_role": role, "short_prefill_threshold": 8}
             await svc.monitor.discover(svc.registry.find(p.url))
@@ -186,6 +187,10 @@ async def test_length_aware_routes_by_class_and_adopts_workers_threshold() -> No
                 assert r.status == 200
         assert [len(b["input_ids"]) for b in ps[0].bodies] == [8, 8, 8]
         assert [len(b["input_ids"]) for b in ps[1].bodies] == [9, 9]
+        # both legs carry our class and the count it used (request_class.py), for the servers
+        for p, cls, n in ((ps[0], "short", "8"), (ps[1], "long", "9")):
+            assert {(h[CLASS_HEADER], h[CLASS_TOKENS_HEADER]) for h in p.headers} == {(cls, n)}
+        assert {h[CLASS_HEADER] for h in d.headers} == {"short", "long"}
         text = svc.metrics.render().decode()
         assert 'sglang_pd_router_added_latency_seconds_count{request_class="short"} 3.0' in text
         assert 'sglang_pd_router_added_latency_seconds_count{request_class="long"} 2.0' in text

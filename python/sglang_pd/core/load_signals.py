@@ -11,27 +11,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
-from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
-from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
-from sglang_pd.scheduling.prefill.threshold import ShortThreshold
-from sglang_pd.scheduling.types import PrefillPolicy, SchedReq
+from sglang_pd_router.request_class import REQUEST_CLASSES, classify
+
+from sglang_pd.scheduling.types import SchedReq
 
 SLO_SAMPLES_KEPT = 64  # first tokens per class the deviation averages over
 BUSY_WINDOW_S = 10.0  # the busy fraction's window
 
 
-def short_threshold(policy: PrefillPolicy, cfg: PolicyConfig) -> int:
-    """The short/long boundary in new tokens this server classifies by right now."""
-    if isinstance(policy, DualQueuePrefillPolicy):
-        return policy.threshold()
-    own = getattr(policy, "short_threshold", None)  # a deadline policy's (its chunker's "long")
-    if isinstance(own, ShortThreshold):
-        return own()
-    return cfg.short_prefill_threshold or DEFAULT_SHORT_PREFILL_THRESHOLD
-
-
-def is_short(req: SchedReq, threshold: int) -> bool:
-    return req.prefilled_len + req.prefill_remaining - req.cached_len <= threshold
+def class_of(req: SchedReq, threshold: int) -> str:
+    """The request's class by its new tokens (stable across its chunks), ``request_class.classify``."""
+    return classify(req.prefilled_len + req.prefill_remaining - req.cached_len, threshold)
 
 
 @dataclass
@@ -39,15 +29,15 @@ class LoadTracker:
     """SLO deviation per class and the busy fraction (``EngineStats`` fields)."""
 
     deviation: dict[str, deque[float]] = field(
-        default_factory=lambda: {c: deque(maxlen=SLO_SAMPLES_KEPT) for c in ("short", "long")})
+        default_factory=lambda: {c: deque(maxlen=SLO_SAMPLES_KEPT) for c in REQUEST_CLASSES})
     steps: deque[tuple[float, float]] = field(default_factory=deque)  # (end time, seconds busy)
 
-    def first_token(self, req: SchedReq, now: float, threshold: int) -> None:
-        """A request got its first token at ``now``: (TTFT - SLO) / SLO into its class."""
+    def first_token(self, req: SchedReq, now: float, threshold: int, request_class: str = "") -> None:
+        """A request got its first token at ``now``: (TTFT - SLO) / SLO into its class: the one
+        it came with (the router's, checked by the frontend), else by ``threshold``."""
         slo = req.slo_ttft_s
         if slo:
-            self.deviation["short" if is_short(req, threshold) else "long"].append(
-                (now - req.arrival - slo) / slo)
+            self.deviation[request_class or class_of(req, threshold)].append((now - req.arrival - slo) / slo)
 
     def step(self, end: float, busy_s: float) -> None:
         self.steps.append((end, busy_s))
@@ -68,7 +58,7 @@ def class_queues(waiting: Sequence[SchedReq], threshold: int) -> dict[str, int]:
     out = {"num_queue_reqs_short": 0, "num_queue_reqs_long": 0,
            "num_queue_prefill_tokens_short": 0, "num_queue_prefill_tokens_long": 0}
     for r in waiting:
-        cls = "short" if is_short(r, threshold) else "long"
+        cls = class_of(r, threshold)
         out[f"num_queue_reqs_{cls}"] += 1
         out[f"num_queue_prefill_tokens_{cls}"] += r.prefill_remaining
     return out

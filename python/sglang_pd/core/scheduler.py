@@ -27,7 +27,7 @@ from sglang_pd.core.page_allocator import Allocator
 from sglang_pd.core.progress import pick_victim, remaining_pages, reserved_pages
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.colocated import ColocatedInterleave
-from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
 from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
 
@@ -141,6 +141,9 @@ class Scheduler:
         self.page_size = cfg.page_size
         self.prefill_policy = prefill_policy
         self.decode_policy = decode_policy
+        # which class this prefill instance serves first (request_class.PREFILL_ROLES): our state,
+        # handed to the policy in every budget; only a policy that serves roles lets it change
+        self.prefill_role = cfg.prefill_role
         self.whole_prompt_pages = whole_prompt_pages
         self.max_running = cfg.max_running_requests
         self.chunk_size = cfg.chunked_prefill_size
@@ -164,6 +167,15 @@ class Scheduler:
         self.last_rank: dict[SchedulerReq, int] = {}
 
     # ------------------------------------------------------------------ queues
+    def set_prefill_role(self, role: str) -> None:
+        """Switch the class this prefill instance serves first (the router's pool controller)."""
+        if role not in PREFILL_ROLES:
+            raise ValueError(f"prefill role must be one of {PREFILL_ROLES}, got {role!r}")
+        if not self.prefill_policy.serves_roles:
+            raise ValueError("the prefill role can only change on a server started with "
+                             "--prefill-queues dual (or a --prefill-role)")
+        self.prefill_role = role
+
     def add(self, req: SchedulerReq) -> None:
         req.state = ReqState.WAITING
         # arrival order; retracted requests go back in front of later arrivals
@@ -283,6 +295,7 @@ class Scheduler:
                 new_req_slots=self.max_running - len(self.running) - len(self.parked) - len(started),
                 kv=kv,  # type: ignore[arg-type]  # (takes SchedulerReqs: the only kind granted here)
                 rider_contexts=[r.kv_len for r in self.running] if self.cfg.enable_mixed_chunk else (),
+                role=self.prefill_role,
             )
             plan = list(self.prefill_policy.schedule(self.waiting, now, budget))
             if plan:

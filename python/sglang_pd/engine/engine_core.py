@@ -24,7 +24,6 @@ from sglang_pd.engine.pd import PDHooks
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.stats import EngineCounters
 from sglang_pd.protocol import EngineReady, EngineStats, GenerateReq, ReqOutput
-from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -56,8 +55,7 @@ class EngineCore:
         if error:
             self.outbox.append(error_output(msg.rid, len(msg.input_ids), error, 400))
             return
-        cfg = self.policy_config
-        req = Req.from_msg(msg, self.clock(), time.time(), (cfg.slo_ttft_s, cfg.slo_tpot_s))
+        req = Req.from_msg(msg, self.clock(), time.time())  # SLO resolved at entry
         if req.params.max_new_tokens == 0:
             # nothing to compute, in every mode: PD decode and prefill both see the same body
             # and answer at once, so neither bootstraps a transfer the other will not join
@@ -235,12 +233,8 @@ class EngineCore:
 
     def set_prefill_role(self, role: str) -> str:
         """Switch this prefill instance's class at runtime (the router's pool controller)."""
-        policy = self.scheduler.prefill_policy
-        if not isinstance(policy, DualQueuePrefillPolicy):
-            raise ValueError("the prefill role can only change on a server started with "
-                             "--prefill-queues dual (or a --prefill-role)")
-        policy.set_role(role)
-        return policy.role
+        self.scheduler.set_prefill_role(role)
+        return self.scheduler.prefill_role
 
     def close(self) -> None:
         self.pd.close()

@@ -29,6 +29,7 @@ class Req:
     top_logprobs_num: int = 0
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
+    request_class: str = ""  # the frontend's (GenerateReq.request_class)
     predicted_output_len: int | None = None
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
@@ -46,12 +47,11 @@ class Req:
     pending_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @classmethod
-    def from_msg(cls, msg: GenerateReq, now: float, wall_now: float | None = None,
-                 default_slo_s: tuple[float | None, float | None] = (None, None)) -> Req:
+    def from_msg(cls, msg: GenerateReq, now: float, wall_now: float | None = None) -> Req:
         """``now``: the engine clock; ``wall_now``: time.time() at the same instant. The request's
         clock starts at the frontend's arrival (``msg.arrival_time``, wall time), converted once
-        into the engine clock, so queueing before the engine counts against its deadline. SLOs:
-        the request's own (body or headers, merged by the frontend), else the server defaults."""
+        into the engine clock, so queueing before the engine counts against its deadline. SLO:
+        as the entry point resolved it (``request_params.parse_slo``); no default is applied here."""
         age = 0.0
         if msg.arrival_time > 0:
             wall = time.time() if wall_now is None else wall_now
@@ -65,8 +65,9 @@ class Req:
             stream=msg.stream,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
-            slo_ttft_s=slo.ttft_ms / 1e3 if slo and slo.ttft_ms else default_slo_s[0],
-            slo_tpot_s=slo.tpot_ms / 1e3 if slo and slo.tpot_ms else default_slo_s[1],
+            slo_ttft_s=slo.ttft_s if slo is not None else None,
+            slo_tpot_s=slo.tpot_s if slo is not None else None,
+            request_class=msg.request_class,
         )
 
     # ---- SchedReq view (scheduling/types.py)

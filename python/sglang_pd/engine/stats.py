@@ -7,7 +7,7 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from sglang_pd.core.load_signals import LoadTracker, class_queues, short_threshold
+from sglang_pd.core.load_signals import LoadTracker, class_queues
 from sglang_pd.core.step import StepProfile
 from sglang_pd.core.watchdog import LivelockDetector
 from sglang_pd.protocol import EngineStats, StepSamples
@@ -38,7 +38,7 @@ class EngineCounters:
         self.generated.append((now, n))
 
     def first_token(self, req: Req, now: float, sched: Scheduler) -> None:
-        self.loads.first_token(req, now, short_threshold(sched.prefill_policy, sched.cfg))
+        self.loads.first_token(req, now, sched.prefill_policy.class_threshold(), req.request_class)
 
     def record_step(self, profile: StepProfile, total_s: float, forward_s: float, now: float) -> None:
         profile.total_s, profile.forward_s = total_s, forward_s
@@ -101,8 +101,8 @@ class EngineCounters:
     def _class_stats(self, now: float, sched: Scheduler) -> dict[str, Any]:
         """Per-class queues, SLO deviation, role and busy share (core/load_signals.py)."""
         loads = self.loads
-        threshold = short_threshold(sched.prefill_policy, sched.cfg)
-        return dict(prefill_role=getattr(sched.prefill_policy, "role", sched.cfg.prefill_role),
+        threshold = sched.prefill_policy.class_threshold()
+        return dict(prefill_role=sched.prefill_role,
                     short_prefill_threshold=threshold, **class_queues(sched.waiting, threshold),
                     slo_ttft_deviation_short=loads.mean_deviation("short"),
                     slo_ttft_deviation_long=loads.mean_deviation("long"),

@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass, field
 
 from sglang_pd.frontend.tokenizer_manager import TokenizerManager
-from sglang_pd.protocol import EngineReady
+from sglang_pd.protocol import EngineReady, Slo
+from sglang_pd.request_params import default_slo
 from sglang_pd.server_args import ServerArgs
 
 
@@ -19,6 +20,11 @@ class ServerContext:
     @property
     def engine_info(self) -> EngineReady:
         return self.tm.engine_info
+
+    @property
+    def default_slo(self) -> Slo | None:
+        """The server's ``--slo-ttft-ms`` / ``--slo-tpot-ms``: what requests without their own get."""
+        return default_slo(self.server_args.slo_ttft_ms, self.server_args.slo_tpot_ms)
 
     @property
     def model_name(self) -> str:

@@ -19,6 +19,7 @@ from sglang_pd.frontend.inputs import (build_generate_req, check_batch_size, mak
 from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import EngineReady, GenerateReq, TokenLogprob
+from sglang_pd_router.request_class import read_class_headers
 
 router = APIRouter()
 
@@ -62,7 +63,8 @@ async def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers:
     rids = body.get("rid")
     if is_batch and isinstance(rids, str):
         raise bad_request("'rid' must be a list with one id per prompt for a batch request")
-    slo = make_slo(body.get("slo"), headers)
+    slo = make_slo(body.get("slo"), headers, ctx.default_slo)
+    sent_class = read_class_headers(headers)  # the router's, if it came through ours
     arrival = time.time()
     reqs = []
     for i, ids in enumerate(prompts):
@@ -83,7 +85,8 @@ async def parse_generate_body(body: dict[str, Any], ctx: ServerContext, headers:
                 input_ids=ids, sampling=sampling, engine=ctx.engine_info,
                 rid=list_or_item(rids, n, i, "rid"), stream=stream,
                 return_logprob=return_logprob, top_logprobs_num=top_n, slo=slo,
-                bootstrap=bootstrap, arrival_time=arrival))
+                bootstrap=bootstrap, arrival_time=arrival,
+                request_class=ctx.tm.request_class(len(ids), sent_class)))
         except ApiError as e:
             if is_batch:
                 e.message = f"prompt {i}: {e.message}"

@@ -24,6 +24,7 @@ from sglang_pd.frontend.inputs import (build_generate_req, check_batch_size, mak
 from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import GenerateReq
+from sglang_pd_router.request_class import read_class_headers
 
 router = APIRouter()
 
@@ -56,7 +57,9 @@ def _make_reqs(req: CompletionRequest | ChatCompletionRequest, prompts: list[lis
                max_tokens: int | None, ctx: ServerContext, request: Request, top_n: int,
                return_logprob: bool) -> list[GenerateReq]:
     n = len(prompts)
-    slo = make_slo(req.slo, dict(request.headers))
+    headers = dict(request.headers)
+    slo = make_slo(req.slo, headers, ctx.default_slo)
+    sent_class = read_class_headers(headers)  # the router's, if it came through ours
     arrival = time.time()
     reqs = []
     for i, ids in enumerate(prompts):
@@ -71,7 +74,8 @@ def _make_reqs(req: CompletionRequest | ChatCompletionRequest, prompts: list[lis
             input_ids=ids, sampling=to_sampling_params(req, budget), engine=ctx.engine_info,
             rid=list_or_item(req.rid, n, i, "rid"), stream=req.stream,
             return_logprob=return_logprob, top_logprobs_num=top_n, slo=slo,
-            bootstrap=bootstrap, arrival_time=arrival))
+            bootstrap=bootstrap, arrival_time=arrival,
+            request_class=ctx.tm.request_class(len(ids), sent_class)))
     return reqs
 
 

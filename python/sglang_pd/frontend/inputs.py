@@ -7,28 +7,18 @@ Every check the frontend can make without the engine happens here, so bad reques
 from __future__ import annotations
 
 import asyncio
-import math
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from sglang_pd import request_params
 from sglang_pd.disaggregation.addr import validate_bootstrap_addr
 from sglang_pd.frontend.errors import ApiError, bad_request
 from sglang_pd.frontend.limits import MAX_BATCH_PROMPTS, MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS
 from sglang_pd.frontend.tokenizer import TokenizerBundle
-from sglang_pd.protocol import BootstrapInfo, EngineReady, GenerateReq, SamplingParams, SloSpec
-
-_SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
-# SGLang sampling keys we accept as long as they are unset/empty (clients send them as null).
-_UNSUPPORTED_WHEN_SET = frozenset({
-    "json_schema", "regex", "ebnf", "structural_tag", "logit_bias", "custom_params",
-    "stop_regex", "lora_path", "dry_multiplier", "dry_base", "dry_allowed_length",
-    "dry_sequence_breakers",
-})
-# SGLang sampling keys that are harmless to ignore whatever their value.
-_IGNORED = frozenset({"stream_interval", "no_repeat_ngram_size"})
-
+from sglang_pd.protocol import BootstrapInfo, EngineReady, GenerateReq, SamplingParams, Slo
 
 # below this many characters tokenizing inline is cheaper than a thread hop
 INLINE_TOKENIZE_CHARS = 8192
@@ -70,57 +60,20 @@ async def tokenize(tokenizer: TokenizerBundle, texts: list[str], engine: EngineR
 
 
 def parse_sampling_params(raw: Any) -> SamplingParams:
-    """SGLang's ``sampling_params`` dict -> SamplingParams (unknown keys are named in a 400)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise bad_request(f"sampling_params must be an object, got {type(raw).__name__}")
-    unknown = sorted(k for k in raw if k not in _SAMPLING_FIELDS and k not in
-                     _UNSUPPORTED_WHEN_SET and k not in _IGNORED and k != "sampling_seed")
-    if unknown:
-        raise bad_request(f"unknown sampling_params keys: {', '.join(unknown)}")
-    unsupported = sorted(k for k in raw if k in _UNSUPPORTED_WHEN_SET and raw[k] not in
-                         (None, "", [], {}))
-    if unsupported:
-        raise bad_request(f"sampling_params not supported by this server: {', '.join(unsupported)}")
-    clean = {k: v for k, v in raw.items() if k in _SAMPLING_FIELDS and v is not None}
-    if raw.get("sampling_seed") is not None and "seed" not in clean:
-        clean["seed"] = raw["sampling_seed"]  # SGLang's name for the per-request seed
-    if isinstance(clean.get("stop"), str):
-        clean["stop"] = [clean["stop"]]
+    """SGLang's ``sampling_params`` dict -> SamplingParams (``request_params``; problems are 400s)."""
     try:
-        return msgspec.convert(clean, SamplingParams)
-    except msgspec.ValidationError as e:
-        raise bad_request(f"invalid sampling_params: {e}") from None
+        return request_params.parse_sampling_params(raw)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
 
-def make_slo(body_slo: Any, headers: dict[str, str]) -> SloSpec | None:
-    """``slo`` from the body, or the x-slo-ttft-ms / x-slo-tpot-ms headers."""
-    values: dict[str, Any] = {}
-    for key, header in (("ttft_ms", "x-slo-ttft-ms"), ("tpot_ms", "x-slo-tpot-ms")):
-        if header in headers:
-            try:
-                values[key] = float(headers[header])
-            except ValueError:
-                raise bad_request(f"header {header} must be a number, got {headers[header]!r}") from None
-    if body_slo is not None:
-        if not isinstance(body_slo, dict):
-            raise bad_request("slo must be an object like {\"ttft_ms\": 500, \"tpot_ms\": 50}")
-        unknown = sorted(str(k) for k in body_slo if k not in SloSpec.__struct_fields__)
-        if unknown:  # a misspelt target must not silently fall back to the default
-            raise bad_request(f"unknown slo keys: {', '.join(unknown)} (allowed: ttft_ms, tpot_ms)")
-        values.update({k: v for k, v in body_slo.items() if v is not None})
-    if not values:
-        return None
+def make_slo(body_slo: Any, headers: Mapping[str, str], default: Slo | None = None) -> Slo | None:
+    """The request's SLO, resolved once (``request_params.parse_slo``: body, headers, then
+    ``default``, the server's ``--slo-*-ms``); problems are 400s."""
     try:
-        slo = msgspec.convert(values, SloSpec, strict=False)
-    except msgspec.ValidationError as e:
-        raise bad_request(f"invalid slo: {e}") from None
-    for name in ("ttft_ms", "tpot_ms"):
-        value = getattr(slo, name)
-        if value is not None and not (value > 0 and math.isfinite(value)):  # NaN fails too
-            raise bad_request(f"slo.{name} must be a positive finite number of ms, got {value}")
-    return slo
+        return request_params.parse_slo(body_slo, headers, default)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
 
 def make_bootstrap(host: Any, port: Any, room: Any, default_port: int) -> BootstrapInfo | None:
@@ -166,8 +119,8 @@ def check_input_ids(ids: Any, engine: EngineReady) -> list[int]:
 def build_generate_req(*, input_ids: list[int], sampling: SamplingParams, engine: EngineReady,
                        rid: str | None = None, stream: bool = False,
                        return_logprob: bool = False, top_logprobs_num: int = 0,
-                       slo: SloSpec | None = None, bootstrap: BootstrapInfo | None = None,
-                       arrival_time: float = 0.0) -> GenerateReq:
+                       slo: Slo | None = None, bootstrap: BootstrapInfo | None = None,
+                       arrival_time: float = 0.0, request_class: str = "") -> GenerateReq:
     check_input_ids(input_ids, engine)
     problem = sampling.validate(engine.vocab_size or None)
     if problem:
@@ -185,4 +138,5 @@ def build_generate_req(*, input_ids: list[int], sampling: SamplingParams, engine
     return GenerateReq(rid=rid or new_rid(), input_ids=input_ids, sampling_params=sampling,
                        stream=stream, return_logprob=return_logprob,
                        top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                       arrival_time=arrival_time, slo=slo, bootstrap=bootstrap)
+                       arrival_time=arrival_time, slo=slo, bootstrap=bootstrap,
+                       request_class=request_class)

@@ -94,6 +94,11 @@ class FrontendMetrics:
                                      f"Requests that {outcome} their {kind.upper()} SLO", cls_labels,
                                      registry=reg)
             for kind in ("ttft", "tpot") for outcome in ("met", "missed")}
+        # the router's class headers (sglang_pd_router/request_class.py) carried a token count
+        # other than ours: our own count classified the request
+        self.class_mismatch = Counter("sglang:request_class_mismatch",
+                                      "Requests whose router-sent token count differed from the server's",
+                                      labels, registry=reg).labels(self.model_name)
         # per engine step, label mode (extend | decode | mixed): from EngineStats.step_samples
         self.step_batch_size = Histogram("sglang:engine_step_batch_size",
                                          "Requests in one engine step", labels + ["mode"],

@@ -29,6 +29,7 @@ from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import (AbortReq, BatchOut, ControlReq, ControlResp, EngineReady,
                                 EngineStats, GenerateReq, ReqOutput, Shutdown, decode_from_engine, encode)
 from sglang_pd.server_args import ServerArgs
+from sglang_pd_router.request_class import SHORT_PREFILL_THRESHOLD, SentClass, classify, resolve_class
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class TokenizerManager:
         self.pending_calls: dict[int, asyncio.Future[ControlResp]] = {}
         self.last_stats: EngineStats | None = None
         # the SLO counters' short/long boundary until the engine reports its own (auto)
-        self._short_threshold = server_args.policy_config().short_prefill_threshold or 256
+        self._short_threshold = server_args.policy_config().short_prefill_threshold or SHORT_PREFILL_THRESHOLD
         self.last_engine_msg = time.monotonic()  # the watchdog's heartbeat: any engine message
         self.engine_dead = False
         self.stopping = False  # set once we asked the engine to exit: its death is expected
@@ -234,16 +235,15 @@ class TokenizerManager:
             return None
         pacer = self.pacers.get(state.rid)
         if pacer is None:
-            slo = state.req.slo
-            tpot_ms = (slo.tpot_ms if slo is not None else None) or self.server_args.slo_tpot_ms
-            if not tpot_ms:
+            tpot_s = state.req.slo.tpot_s if state.req.slo is not None else None  # resolved
+            if not tpot_s:
                 return None
 
             def apply(out: ReqOutput, st: ReqState = state) -> None:
                 if not st.finished:
                     self._apply_output(st, out)
 
-            pacer = self.pacers[state.rid] = TokenPacer(tpot_ms / 1e3, apply)
+            pacer = self.pacers[state.rid] = TokenPacer(tpot_s, apply)
         return pacer
 
     def _drop_pacer(self, rid: str) -> None:
@@ -299,26 +299,38 @@ class TokenizerManager:
                    state.rid, state.prompt_tokens, state.completion_tokens,
                    state.cached_tokens, state.e2e_latency, reason)
 
+    def class_threshold(self) -> int:
+        """The short/long boundary the engine classifies by (its report: fitted under auto)."""
+        threshold = self.last_stats.short_prefill_threshold if self.last_stats is not None else 0
+        return threshold if threshold > 0 else self._short_threshold
+
+    def request_class(self, tokens: int, sent: SentClass | None) -> str:
+        """The class of a prompt of ``tokens`` tokens: the router's (``sent``, from its headers)
+        when its count matches ours, else ours; a differing count is logged and counted."""
+        cls, mismatch = resolve_class(sent, tokens, self.class_threshold())
+        if mismatch and sent is not None:
+            self.metrics.class_mismatch.inc()
+            logger.debug("router classified %d tokens as %s; ours: %d tokens, %s",
+                         sent.tokens, sent.request_class, tokens, cls)
+        return cls
+
     def _observe_slo(self, state: ReqState) -> None:
         """Per-class SLO attainment counters (client aborts never get here: not the server's
         miss). Class: new prompt tokens against the server's short/long threshold."""
-        args, spec = self.server_args, state.req.slo
-        slo_ttft_ms = (spec.ttft_ms if spec is not None else None) or args.slo_ttft_ms
-        slo_tpot_ms = (spec.tpot_ms if spec is not None else None) or args.slo_tpot_ms
-        if not slo_ttft_ms and not slo_tpot_ms:
+        slo = state.req.slo  # resolved at parse time (server defaults included)
+        if slo is None:
             return
-        threshold = self.last_stats.short_prefill_threshold if self.last_stats is not None else 0
-        if threshold <= 0:
-            threshold = self._short_threshold
-        cls = "short" if state.prompt_tokens - state.cached_tokens <= threshold else "long"
+        cls = state.req.request_class
+        if not cls or state.cached_tokens:  # a prefix hit: the class of the new tokens
+            cls = classify(state.prompt_tokens - state.cached_tokens, self.class_threshold())
         ttft = state.first_token_time - state.created if state.first_token_time is not None else None
-        if slo_ttft_ms:
-            self.metrics.observe_slo(cls, "ttft", ttft, slo_ttft_ms / 1e3)
-        if slo_tpot_ms and state.completion_tokens > 1:
+        if slo.ttft_s:
+            self.metrics.observe_slo(cls, "ttft", ttft, slo.ttft_s)
+        if slo.tpot_s and state.completion_tokens > 1:
             tpot = None
             if state.first_token_time is not None and state.finished_time is not None:
                 tpot = (state.finished_time - state.first_token_time) / (state.completion_tokens - 1)
-            self.metrics.observe_slo(cls, "tpot", tpot, slo_tpot_ms / 1e3)
+            self.metrics.observe_slo(cls, "tpot", tpot, slo.tpot_s)
 
     async def _watch_engine(self) -> None:
         while not self.stopping:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# re-exported: one definition, in the router's package (scheduling/ and core/ read it from here)
+from sglang_pd_router.request_class import PREFILL_ROLES as PREFILL_ROLES
+from sglang_pd_router.request_class import SHORT_PREFILL_THRESHOLD
+
 from sglang_pd.core.step import BucketGrid
 from sglang_pd.utils.flags import flag
 
+DEFAULT_SHORT_PREFILL_THRESHOLD = SHORT_PREFILL_THRESHOLD  # the flag's default (an alias)
 SERVER_ROLES = ("colocated", "prefill", "decode")
-PREFILL_ROLES = ("both", "short", "long")  # which prefill class an instance serves first
 PREFILL_QUEUES = ("single", "dual")
-DEFAULT_SHORT_PREFILL_THRESHOLD = 256  # PLA-Serve's short regime: prompts under 256 tokens
 
 
 def parse_threshold(value: int | str | None) -> int | None:

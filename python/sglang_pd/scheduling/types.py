@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
 from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from sglang_pd.core.step import StepProfile
-from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
 
 
 @runtime_checkable
@@ -73,6 +73,9 @@ class PrefillBudget:
     # KV lengths of the decodes that ride along this step (mixed steps, --enable-mixed-chunk):
     # time-budgeted chunking (Medha) counts their time first
     rider_contexts: Sequence[int] = ()
+    # this instance's prefill role (``Scheduler.prefill_role``, request_class.PREFILL_ROLES):
+    # which class it serves first; scheduler state, read by policies that honour roles
+    role: str = "both"
 
     def hold_until(self, t: float) -> None:
         """Ask the engine not to run prefill before ``t`` (seconds, the ``now`` clock) unless
@@ -128,9 +131,21 @@ class _Policy(ABC):
         """Called after every engine step with what it held and its wall time (cost models
         learn here). Default: nothing."""
 
+    def use_cost_model(self, model: Any) -> None:
+        """Predict with ``model`` from now on (the simulator's exact-cost reference), in this
+        policy and every part it wraps. Default: a policy without a cost model ignores it."""
+
 
 class PrefillPolicy(_Policy):
     """Chooses which waiting requests prefill this step, and how many tokens each (a chunk plan)."""
+
+    # whether ``schedule`` honours ``budget.role`` (the dual queues): only then may the role change
+    serves_roles: ClassVar[bool] = False
+
+    def class_threshold(self) -> int:
+        """The short/long boundary in new tokens this policy classifies by now (request_class.py):
+        the configured one; policies with their own (fitted) boundary override this."""
+        return self.cfg.short_prefill_threshold or DEFAULT_SHORT_PREFILL_THRESHOLD
 
     @abstractmethod
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:

@@ -14,6 +14,7 @@ from typing import cast
 
 from sglang_pd_router.controller import ControllerConfig
 from sglang_pd_router.policies import ROUTING_POLICIES, RoutingConfig
+from sglang_pd_router.request_class import SHORT_PREFILL_THRESHOLD
 
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.scheduling.config import PolicyConfig
@@ -97,7 +98,7 @@ def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decod
                  exact: bool | None = None, num_prefill: int | None = None, num_decode: int | None = None,
                  num_colocated: int | None = None) -> ClusterSpec:
     cfg = policy_config(a)
-    routing = RoutingConfig(short_prefill_threshold=cfg.short_prefill_threshold or 512)
+    routing = RoutingConfig(short_prefill_threshold=cfg.short_prefill_threshold or SHORT_PREFILL_THRESHOLD)
     roles = [r.strip() for r in a.prefill_role.split(",")] if a.prefill_role else None
     n_p = a.prefill if num_prefill is None else num_prefill
     if roles is not None and len(roles) == 1:

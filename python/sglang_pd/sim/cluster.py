@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import cast
 
 from sglang_pd_router.controller import ControllerConfig, InstanceSignals, PoolController, RoleMove
-from sglang_pd_router.policies import (RouteRequest, RoutingConfig, WorkerView, classify_length,
+from sglang_pd_router.policies import (RouteRequest, RoutingConfig, WorkerView, classify,
                                        create_routing_policy)
 
 from sglang_pd.core.pd_rules import pages_for
@@ -140,7 +140,7 @@ class Cluster:
                 raise ValueError("the pool controller needs a PD cluster with >= 2 prefill instances given "
                                  "short/long roles (--prefill-role short,...,long)")
             for inst in managed:
-                if not hasattr(inst.sched.prefill_policy, "set_role"):
+                if not inst.sched.prefill_policy.serves_roles:
                     raise ValueError("the pool controller switches roles: use --prefill-queues dual")
             self.controller = PoolController(spec.pool_controller)
         self.views_d = [WorkerView(inst.name, "decode") for inst in self.decodes]
@@ -180,7 +180,7 @@ class Cluster:
             v.num_running_reqs = len(inst.sched.running)
             v.token_usage = inst.token_usage()
             v.prefill_role = self._prole(inst) if v.kind == "prefill" else v.prefill_role
-        cls = classify_length(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
+        cls = classify(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
         i = policy.select(RouteRequest(a.prompt_len, a.cached_len, self.spec.cfg.slo_ttft_s, cls), views, self.now)
         if i is None:
             raise RuntimeError(f"routing policy {policy.name!r} chose no instance for a request")
@@ -194,7 +194,7 @@ class Cluster:
     def _arrive(self, index: int, a: Arrival) -> Track:
         t = Track(index, self.now, a.prompt_len, a.output_len, a.hash_ids, a.cached_len, a.source, a.slo_ttft_s)
         # the class by new tokens, as the servers classify (a known history is not prefilled)
-        t.request_class = classify_length(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
+        t.request_class = classify(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
         if t.slo_ttft_s is None and t.request_class == "long" and self.spec.slo_ttft_s_long is not None:
             t.slo_ttft_s = self.spec.slo_ttft_s_long
         p = self._select(self.route_p, self.views_p, self.front, a)

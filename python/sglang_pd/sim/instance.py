@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sglang_pd.core.load_signals import LoadTracker, short_threshold
+from sglang_pd.core.load_signals import LoadTracker
 from sglang_pd.core.page_allocator import CountingAllocator
 from sglang_pd.core.pd_rules import decode_admits, pages_for, prefill_schedulable, whole_prompt_pages
 from sglang_pd.core.scheduler import ScheduledStep, Scheduler
@@ -80,20 +80,6 @@ class ClusterReq(SimReq):
         return self.kv_len if self.pages else max(self.kv_len - self._hit, 0)
 
 
-def _set_exact(policy: object, model: object) -> None:
-    """Give a policy, and every policy or batcher it wraps (dual queues: the long policy and
-    AWD), the true prefill cost model."""
-    stack, seen = [policy], set()
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if hasattr(obj, "model"):
-            obj.model = model
-        stack += [getattr(obj, a) for a in ("long_policy", "awd", "inner", "policy") if hasattr(obj, a)]
-
-
 @dataclass(eq=False)
 class Instance:
     index: int
@@ -131,9 +117,8 @@ class Instance:
         pp = create_prefill_policy(self.prefill_policy, self.cfg)
         dp = create_decode_policy(self.decode_policy, self.cfg)
         if self.exact:  # the no-prediction-error reference: both policies read the truth
-            _set_exact(pp, self.cost.exact_model())
-            if hasattr(dp, "model"):
-                dp.model = ExactDecode(self.cost.decode)
+            pp.use_cost_model(self.cost.exact_model())
+            dp.use_cost_model(ExactDecode(self.cost.decode))
         self.sched = Scheduler(CountingAllocator(pages), self.cfg, pp, dp,
                                whole_prompt_pages=whole_prompt_pages(self.role))
 
@@ -143,20 +128,19 @@ class Instance:
 
     @property
     def prefill_role(self) -> str:
-        """The class this instance serves now: the dual-queue policy's (switchable) role."""
-        return str(getattr(self.sched.prefill_policy, "role", None) or getattr(self.cfg, "prefill_role", "both"))
+        """The class this instance serves now: its scheduler's (switchable) role."""
+        return self.sched.prefill_role
 
     def set_prefill_role(self, role: str) -> None:
         """As ``EngineCore.set_prefill_role`` (the server's /set_prefill_role)."""
-        policy = self.sched.prefill_policy
-        if not hasattr(policy, "set_role"):
-            raise ValueError(f"instance {self.name}: the prefill role can only change with --prefill-queues dual "
-                             "(or a --prefill-role)")
-        policy.set_role(role)
+        try:
+            self.sched.set_prefill_role(role)
+        except ValueError as e:
+            raise ValueError(f"instance {self.name}: {e}") from None
 
     def record_first_token(self, req: ClusterReq, now: float) -> None:
         """A first token computed here: its (TTFT - SLO) / SLO into its class's deviation."""
-        self.loads.first_token(req, now, short_threshold(self.sched.prefill_policy, self.cfg))
+        self.loads.first_token(req, now, self.sched.prefill_policy.class_threshold())
 
     @property
     def busy(self) -> bool:

@@ -3,15 +3,13 @@ simulator's ``--router``). Adding one is one file plus one line in ``ROUTING_POL
 
 from __future__ import annotations
 
+from ..request_class import PREFILL_ROLES, REQUEST_CLASSES, classify
 from .base import (
-    PREFILL_ROLES,
-    REQUEST_CLASSES,
     WORKER_KINDS,
     RouteRequest,
     RoutingConfig,
     RoutingPolicy,
     WorkerView,
-    classify_length,
     load_key,
     predicted_queue_s,
     request_class_of,
@@ -51,7 +49,7 @@ __all__ = [
     "RoutingConfig",
     "RoutingPolicy",
     "WorkerView",
-    "classify_length",
+    "classify",
     "create_routing_policy",
     "load_key",
     "predicted_queue_s",

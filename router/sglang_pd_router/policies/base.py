@@ -12,9 +12,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from collections.abc import Sequence
 
+from ..request_class import SHORT_PREFILL_THRESHOLD, classify
+
 WORKER_KINDS = ("prefill", "decode")
-PREFILL_ROLES = ("short", "long", "both")
-REQUEST_CLASSES = ("short", "long")
 
 
 @dataclass
@@ -42,7 +42,7 @@ class WorkerView:
 class RoutingConfig:
     # Prompts of at most this many tokens are "short" (PLA-Serve's boundary L_m, §3.2). Servers
     # report theirs in /get_server_info or /get_load; the router adopts it so both sides agree.
-    short_prefill_threshold: int = 512
+    short_prefill_threshold: int = SHORT_PREFILL_THRESHOLD
     # Prefill throughput assumed for a worker whose own is not yet learned (tokens/s); only the
     # ratio between workers matters for least predicted queue time, so a rough prior is enough.
     default_prefill_tokens_per_s: float = 10000.0
@@ -65,16 +65,11 @@ class RoutingConfig:
             )
 
 
-def classify_length(prompt_len: int, threshold: int) -> str:
-    """PLA-Serve §3.2: a request is short when its prompt has at most ``threshold`` tokens."""
-    return "short" if prompt_len <= threshold else "long"
-
-
 def request_class_of(req: RouteRequest, cfg: RoutingConfig) -> str:
     """The request's class: the one already set on it, else by its prompt length."""
     if req.request_class:
         return req.request_class
-    return classify_length(req.prompt_len, cfg.short_prefill_threshold)
+    return classify(req.prompt_len, cfg.short_prefill_threshold)
 
 
 def eligible_indices(workers: Sequence[WorkerView]) -> list[int]:

@@ -15,9 +15,10 @@ Definitions (docs/decode_scheduling.md):
   prefill-made token that is one T_slo looser than the metric, so we do not follow it.
 - A request's context is its KV length before the step: ``seq_len - 1`` (the newest token's
   KV is written by the step itself), the figure ``StepProfile.context_tokens`` sums.
-- T_slo: the request's TPOT SLO (body, header or server default). A request without one is
-  paced at ``PolicyConfig.decode_no_slo_tpot_ms`` so that skipping it stays bounded; when no
-  running request has a TPOT SLO the policies decode every request (continuous batching).
+- T_slo: the request's TPOT SLO (body, header or server default, resolved at entry). A request
+  without one follows the no-SLO rule (``scheduling/slo.py``): paced at
+  ``PolicyConfig.decode_no_slo_tpot_ms`` so that skipping it stays bounded; when no running
+  request has a TPOT SLO the policies decode every request (continuous batching).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.decode_cost_model import DecodeCostModel
+from sglang_pd.scheduling.slo import no_slo_tpot_s
 from sglang_pd.scheduling.types import DecodePolicy, R, SchedReq
 
 
@@ -54,10 +56,13 @@ class SlackDecodePolicy(DecodePolicy):
     def tpot_s(self, r: SchedReq) -> float:
         if r.slo_tpot_s:
             return r.slo_tpot_s
-        return self.cfg.slo_tpot_s or self.cfg.decode_no_slo_tpot_ms / 1e3
+        return no_slo_tpot_s(self.cfg)  # the no-SLO rule (scheduling/slo.py)
+
+    def use_cost_model(self, model: DecodeCostModel) -> None:
+        self.model = model
 
     def any_slo(self, running: Sequence[SchedReq]) -> bool:
-        return bool(self.cfg.slo_tpot_ms) or any(r.slo_tpot_s for r in running)
+        return any(r.slo_tpot_s for r in running)  # none: the SLO-free mode (continuous)
 
     def observe(self, step: StepProfile, elapsed_s: float, now: float) -> None:
         self.model.observe(step, elapsed_s, now)

@@ -52,6 +52,7 @@ from sglang_pd.core.step import BucketGrid
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.common import Queue
+from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import R
 
 RATE_WINDOW = 32
@@ -81,7 +82,7 @@ class AwdBatcher:
         self.t_max = cfg.awd_t_max_ms / 1e3
         self.eps = cfg.awd_rate_floor
         self.min_tokens = cfg.awd_min_batch_tokens
-        self.default_slo = cfg.slo_ttft_s  # requests without an SLO and no default: deadline-free
+        self.no_slo_s = no_slo_ttft_s(cfg)  # the no-SLO rule (scheduling/slo.py)
         self.margin = cfg.prefill_deadline_margin_ms / 1e3
         self.window = self.w_max  # W_state
         self.depth = self.grid.max_batch  # D
@@ -114,9 +115,8 @@ class AwdBatcher:
         fits = [b for b in self.grid.batch if b * tokens_per_req <= token_budget]
         return fits[-1] if fits else 1
 
-    def deadline(self, req: R) -> float | None:
-        slo = req.slo_ttft_s or self.default_slo
-        return None if slo is None else req.arrival + slo - self.margin
+    def deadline(self, req: R) -> float:
+        return req.arrival + (req.slo_ttft_s or self.no_slo_s) - self.margin
 
     # ------------------------------------------------------------------ the decision
     def decide(self, short: Sequence[R] | Queue[R], now: float, token_budget: int, slots: int) -> AwdDecision:
@@ -129,14 +129,10 @@ class AwdBatcher:
             return AwdDecision([])
         self._note_arrivals(q.arrival)
         arrival, rem = q.arrival, q.rem
-        if self.default_slo is None:  # requests without an SLO have no deadline
-            deadlines = arrival + q.slo - self.margin  # NaN: none
-            anchor = int(np.argmin(np.fmin(deadlines, np.inf)))  # the first of the earliest
-            if deadlines[anchor] != deadlines[anchor]:
-                anchor = -1  # NaN there: no request has a deadline
-        else:
-            deadlines = arrival + q.slos(self.default_slo) - self.margin
-            anchor = int(np.argmin(deadlines))  # the first of the earliest deadlines
+        # the no-SLO rule: a request without an SLO has the far deadline; none with one at
+        # all is the SLO-free mode (token-max, below)
+        deadlines = arrival + q.slos(self.no_slo_s) - self.margin
+        anchor = int(np.argmin(deadlines)) if not np.isnan(q.slo).all() else -1  # the first of the earliest
         first = anchor if anchor >= 0 else 0
         rem_anchor = int(rem[first])
         pad = self.grid.bucket(rem_anchor, 1)

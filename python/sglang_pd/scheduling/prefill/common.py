@@ -1,10 +1,10 @@
 """What the deadline-aware prefill policies share: deadlines, work in seconds, the budget walk.
 
 Definitions every policy here uses (docs/prefill_scheduling.md):
-- Deadline: ``arrival + slo_ttft - deadline margin``. A request without a TTFT SLO (none in the
-  request and no ``--slo-ttft-ms`` default) gets ``cfg.prefill_no_slo_ttft_ms`` (30 s): a large
-  default deadline, so it ranks behind SLO'd work yet ages like any other request instead of
-  waiting behind every SLO'd request forever. On prefill servers the margin
+- Deadline: ``arrival + slo_ttft - deadline margin``. A request without a TTFT SLO (its own or
+  the server default, both resolved at entry) follows the one no-SLO rule (``scheduling/slo.py``):
+  ``cfg.prefill_no_slo_ttft_ms`` (30 s), so it ranks behind SLO'd work yet ages like any other
+  request instead of waiting behind every SLO'd request forever. On prefill servers the margin
   (``cfg.prefill_deadline_margin_ms``) reserves the KV transfer and the first decode step after
   the prefill, since TTFT is measured at the first token, not at the end of prefill.
 - Work: seconds from the ``PrefillCostModel`` for the tokens still to prefill
@@ -41,6 +41,7 @@ from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
 from sglang_pd.scheduling.prefill.order import Order, Queue, stable_order
 from sglang_pd.scheduling.prefill.threshold import ShortThreshold
 from sglang_pd.scheduling.prefill.walk import Cut, walk
+from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
 __all__ = ["DeadlinePolicy", "Order", "Queue", "fcfs_finish", "fcfs_finish_array", "stable_order", "walk"]
@@ -54,7 +55,7 @@ class DeadlinePolicy(PrefillPolicy):
         super().__init__(cfg)
         self.model = cost_model if cost_model is not None else PrefillCostModel.from_config(self.cfg)
         self.chunk = self.cfg.chunked_prefill_size
-        self.default_slo_s = self.cfg.slo_ttft_s or self.cfg.prefill_no_slo_ttft_ms / 1e3
+        self.no_slo_s = no_slo_ttft_s(self.cfg)  # the no-SLO rule; never the server default
         self.margin_s = self.cfg.prefill_deadline_margin_ms / 1e3
         self.max_partial = self.cfg.prefill_max_partial
         self.short_threshold = ShortThreshold(self.cfg, self.model)  # the chunker's "long"
@@ -62,14 +63,20 @@ class DeadlinePolicy(PrefillPolicy):
     def observe(self, step: StepProfile, elapsed_s: float, now: float) -> None:
         self.model.observe(step, elapsed_s, now)
 
+    def class_threshold(self) -> int:
+        return self.short_threshold()  # the chunker's "long", fitted under auto
+
+    def use_cost_model(self, model: PrefillCostModel) -> None:
+        self.model = model
+
     def slo_s(self, req: R) -> float:
-        return req.slo_ttft_s or self.default_slo_s
+        return req.slo_ttft_s or self.no_slo_s
 
     def deadline(self, req: R) -> float:
-        return req.arrival + (req.slo_ttft_s or self.default_slo_s) - self.margin_s
+        return req.arrival + (req.slo_ttft_s or self.no_slo_s) - self.margin_s
 
     def deadlines(self, q: Queue[R]) -> np.ndarray:
-        d = q.slos(self.default_slo_s)  # a new array: summed into in place (a + b == b + a)
+        d = q.slos(self.no_slo_s)  # a new array: summed into in place (a + b == b + a)
         d += q.arrival
         d -= self.margin_s
         return d

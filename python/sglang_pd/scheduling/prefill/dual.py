@@ -21,7 +21,8 @@ ours): SLA-first across the two heads with a bound on the long queue's wait.
   runs (the long queue's wait bound still moves it). Never a filler that overruns the moment.
 - Nothing short: the long policy alone; nothing long while AWD holds: the engine sleeps until
   AWD's moment (``budget.hold_until``; a hold never aborts anything).
-Roles (``--prefill-role``, switchable at runtime with ``set_role``): ``short`` serves long
+Roles (``--prefill-role``: scheduler state, ``budget.role``, switched at runtime by
+``Scheduler.set_prefill_role``): ``short`` serves long
 requests only when no short one waits, or when the long head is overdue; ``long`` serves short
 requests only when no long one waits (as one batch, no AWD wait: a long instance has nothing to
 gain from waiting), or when the short head is overdue. No request is ever stranded.
@@ -32,9 +33,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from sglang_pd_router.request_class import classify
 
 from sglang_pd.core.step import StepProfile
-from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
+from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher, AwdDecision
 from sglang_pd.scheduling.prefill.chunking import MIN_CHUNK, largest_chunk
@@ -45,6 +47,8 @@ from sglang_pd.scheduling.waiting import WaitingQueue
 
 
 class DualQueuePrefillPolicy(PrefillPolicy):
+    serves_roles = True  # budget.role picks which queue goes first
+
     def __init__(self, cfg: PolicyConfig, long_policy: PrefillPolicy,
                  cost_model: PrefillCostModel | None = None) -> None:
         super().__init__(cfg)
@@ -54,7 +58,6 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         self.model = cost_model or (shared if isinstance(shared, PrefillCostModel)
                                     else PrefillCostModel.from_config(cfg))
         self.awd = AwdBatcher(cfg, self.model)
-        self.role = cfg.prefill_role
         self.long_max_wait = cfg.prefill_long_max_wait_ms / 1e3
         # the one short/long boundary, shared with the long policy's chunker when it has one
         shared_thr = getattr(long_policy, "short_threshold", None)
@@ -69,12 +72,14 @@ class DualQueuePrefillPolicy(PrefillPolicy):
     def name(self) -> str:  # type: ignore[override]
         return f"dual({self.long_policy.name})"
 
-    def set_role(self, role: str) -> None:
-        if role not in PREFILL_ROLES:
-            raise ValueError(f"prefill role must be one of {PREFILL_ROLES}, got {role!r}")
-        self.role = role
-
     # ------------------------------------------------------------------ classes
+    def class_threshold(self) -> int:
+        return self.threshold()
+
+    def use_cost_model(self, model: PrefillCostModel) -> None:
+        self.model = self.awd.model = model
+        self.long_policy.use_cost_model(model)
+
     def threshold(self, cached_len: int = 0) -> int:
         """Short/long boundary in new tokens (``threshold.py``) for a prompt over ``cached_len``."""
         return self.short_threshold(cached_len)
@@ -83,10 +88,12 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         self.short_threshold.refresh(now)
 
     def is_short(self, req: SchedReq) -> bool:
-        return req.prefilled_len + req.prefill_remaining - req.cached_len <= self.threshold(req.cached_len)
+        new = req.prefilled_len + req.prefill_remaining - req.cached_len
+        return classify(new, self.threshold(req.cached_len)) == "short"
 
     def short_mask(self, q: Queue[R]) -> np.ndarray:
-        """``is_short`` of every request of the queue, from its columns."""
+        """``is_short`` of every request of the queue, from its columns (``classify``'s rule,
+        vectorised)."""
         new = q.pre + q.rem - q.cached
         short: np.ndarray
         if self._fixed_threshold is not None:
@@ -134,7 +141,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         # partitions are built when used (issue 20: decision time); both keep arrival order
         long_head = float(q.arrival[long_idx[0]]) if len(long_idx) else 0.0
         long_overdue = len(long_idx) > 0 and now - max(long_head, self.last_long_step) > self.long_max_wait
-        if self.role == "long":
+        if budget.role == "long":
             short_overdue = len(short_idx) > 0 and \
                 now - max(float(q.arrival[short_idx[0]]), self.last_short_step) > self.long_max_wait
             if len(long_idx) and not short_overdue:
@@ -144,7 +151,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         decision = self.awd.decide(short, now, budget.token_budget, budget.new_req_slots + short.n_started)
         if decision.batch and not long_overdue:
             return self._short(decision, now, budget)
-        if len(long_idx) and (long_overdue or not len(short_idx) or self.role == "both"):
+        if len(long_idx) and (long_overdue or not len(short_idx) or budget.role == "both"):
             if len(short_idx) and not long_overdue and decision.hold_until is not None:
                 # fill AWD's wait with a long step that ends by its dispatch moment: sized by
                 # the cost model at the longest long context (the long policy picks which);

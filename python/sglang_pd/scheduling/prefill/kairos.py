@@ -94,7 +94,7 @@ class KairosPrefillPolicy(DeadlinePolicy):
         -(x / y) = (-x) / y exactly in floating point, so it is the negation of ``urgency``."""
         inv_mu = 1.0 / self.mu.tps
         fin = fcfs_finish_array(q.arrival, q.remf * inv_mu, now, q.distinct)  # (floats: exact whole numbers)
-        slos = q.slos(self.default_slo_s)
+        slos = q.slos(self.no_slo_s)
         fin -= q.arrival
         fin -= slos - self.margin_s
         fin /= slos

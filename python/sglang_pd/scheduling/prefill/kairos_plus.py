@@ -94,7 +94,7 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         checks both against the rules applied request by request."""
         work = self.works(q)
         a = q.arrival
-        slos = q.slos(self.default_slo_s)
+        slos = q.slos(self.no_slo_s)
         d = a + slos
         if self.margin_s:
             d -= self.margin_s
