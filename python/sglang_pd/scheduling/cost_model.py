@@ -56,6 +56,7 @@ import numpy as np
 
 from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.nnls import nnls
 from sglang_pd.scheduling.profile import Profile, load_profile
 
 _NF = 5  # features: launch (1), per request (B), attention (sum L(L+2H)), new tokens (L), context (H)
@@ -310,59 +311,13 @@ class PrefillCostModel:
         s = self._z[0] / self._z[1] if self._z[1] > 0 and self._z[0] > 0 else 1.0
         A = [p / (s * s) + q for p, q in zip(self._prior_A, self._A)]
         v = [p / s + q for p, q in zip(self._prior_v, self._v)]
-        theta = _nnls(A, v)
+        theta = nnls(A, v)
         if theta is None:
             return
         launch, per_req, a, k, g_r = (t * s for t, s in zip(theta, _SCALE))
         share = self.compute_share if self.compute_share is not None else 1.0
         self.coeffs = replace(self.prior, launch_s=launch, per_req_s=per_req, a=a, b=k * share,
                               g_w=k * (1.0 - share), g_r=g_r)
-
-
-def _solve(A: list[float], v: list[float], idx: Sequence[int]) -> list[float] | None:
-    """Solve the normal equations restricted to ``idx`` (Jacobi-scaled Gaussian elimination)."""
-    n = len(idx)
-    d = [math.sqrt(A[i * _NF + i]) if A[i * _NF + i] > 0 else 1.0 for i in idx]
-    M = [[A[idx[r] * _NF + idx[c]] / (d[r] * d[c]) for c in range(n)] + [v[idx[r]] / d[r]]
-         for r in range(n)]
-    for r in range(n):
-        M[r][r] += 1e-12  # keeps an unexplored direction from dividing by zero
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(M[r][col]))
-        if abs(M[piv][col]) < 1e-300:
-            return None
-        M[col], M[piv] = M[piv], M[col]
-        for r in range(col + 1, n):
-            f = M[r][col] / M[col][col]
-            if f:
-                for c in range(col, n + 1):
-                    M[r][c] -= f * M[col][c]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (M[r][n] - sum(M[r][c] * x[c] for c in range(r + 1, n))) / M[r][r]
-    return [xi / di for xi, di in zip(x, d)]
-
-
-def _nnls(A: list[float], v: list[float]) -> list[float] | None:
-    """argmin over theta >= 0 of theta'A theta - 2 v'theta: the free solution when it is
-    non-negative, else the best non-negative solution over every support (2^5: exact)."""
-    full = _solve(A, v, range(_NF))
-    if full is not None and min(full) >= 0:
-        return full
-    best, best_obj = None, math.inf
-    for k in range(_NF - 1, 0, -1):
-        for idx in itertools.combinations(range(_NF), k):
-            sol = _solve(A, v, idx)
-            if sol is None or min(sol) < 0:
-                continue
-            theta = [0.0] * _NF
-            for i, s in zip(idx, sol):
-                theta[i] = s
-            obj = sum(theta[i] * A[i * _NF + j] * theta[j] for i in range(_NF) for j in range(_NF)) \
-                - 2 * sum(t * vi for t, vi in zip(theta, v))
-            if obj < best_obj:
-                best, best_obj = theta, obj
-    return best
 
 
 def work_features(new_tokens: int, context_tokens: int, chunk: int | None) -> tuple[int, int, int]:
