@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from sglang_pd.scheduling.config import PolicyConfig  # noqa: E402
-from sglang_pd.scheduling.cost_model import PrefillCoeffs  # noqa: E402
-from sglang_pd.sim.cluster import Cluster, ClusterSpec  # noqa: E402
-from sglang_pd.sim.profiles import StepCost  # noqa: E402
-from sglang_pd.sim.workload import synthetic  # noqa: E402
+from sglang_pd.scheduling.config import PolicyConfig
+from sglang_pd.scheduling.cost_model import PrefillCoeffs
+from sglang_pd.sim.cluster import Cluster, ClusterSpec
+from sglang_pd.sim.profiles import StepCost
+from sglang_pd.sim.workload import synthetic
 
 PREFILL = PrefillCoeffs(launch_s=0.020, per_req_s=0.002, a=1e-6, b=0.004)
 LONG = 1024  # prompt tokens from which a request is long (the bench's --long-threshold)
