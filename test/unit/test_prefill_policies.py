@@ -289,6 +289,19 @@ def test_kairos_plus_starvation_counts_a_prefill_longer_than_its_slo() -> None:
         assert _plan(plan)[0][0] == first, now
 
 
+def test_kairos_plus_rescue_ends_once_the_request_is_lost() -> None:
+    """A rescue whose request turned lost (the model learnt it is slower) stops going first:
+    the short prompt behind it, which can still meet its SLO, is served before it."""
+    pol = _kplus()
+    long = FakeReq("L", 0.0, 1000, slo_ttft_s=1.05)  # 1 s of work: urgent at once
+    assert _plan(pol.schedule([long], 0.0, _budget(tokens=200, chunk=200))) == [("L", 200)]
+    long.prefilled_len = 200
+    short = FakeReq("s", 0.3, 50, slo_ttft_s=2.0)
+    pol.model = PrefillCostModel.fixed(PrefillCoeffs(b=2e-3))  # learnt: twice as slow
+    plan = pol.schedule([long, short], 0.3, _budget(tokens=200, chunk=200))
+    assert _plan(plan)[0] == ("s", 50) and long not in pol._urgent
+
+
 def test_kairos_plus_urgent_request_limits_what_joins_its_step() -> None:
     """1 ms per token; the urgent request takes a 200-token chunk; others join only within its
     laxity beyond the 10% safety margin, and the first that does not fit ends the step."""

@@ -14,7 +14,10 @@ for a way the rule as written loses requests:
 The order, by group, then within it:
   0 rescuing: urgent requests (group 2) already served as urgent in an earlier step, least
     laxity first: once rescue starts it runs to the end (no flapping when the model or the
-    queue shifts). At most ``prefill_max_partial`` of them are partly prefilled at a time, so
+    queue shifts), or until it has failed: a request lost (laxity < 0) leaves the rescue for
+    good and is ranked as lost (group 5). Wave 3: on the CPU engine the model, learning from
+    short prompts, took a 3K-token prompt for salvageable; the rescue then ran its whole
+    15 s prefill ahead of every short prompt after it learnt better. At most ``prefill_max_partial`` of them are partly prefilled at a time, so
     they delay group 1 by a bounded amount of work.
   1 starving: waited >= ``prefill_starve_factor`` x max(its TTFT SLO, its whole prefill alone):
     oldest first. With group 0 bounded this bounds every wait: kairos+ never starves a request
@@ -120,9 +123,9 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
                 group[pos] = STARVING
                 key[pos] = a[pos]  # oldest first
         self._rescuing = _NO_POS
-        if self._urgent:  # RESCUING (over STARVING): laxity, lost ones too
+        if self._urgent:  # RESCUING (over STARVING): laxity; a rescue ends once lost
             pos = q.positions(self._urgent)
-            self._rescuing = pos = pos[tight[pos]]
+            self._rescuing = pos = pos[tight[pos] > lost[pos]]
             group[pos] = RESCUING
             key[pos] = lax[pos]
 
