@@ -25,7 +25,7 @@ The order, by group, then within it:
     bounded wait. The prefill term (issue 28, wave 3): a prompt whose prefill alone outlasts
     its SLO is lost from the start; on a colocated server, where decodes slow its chunks, it
     crossed 4 SLOs while being served and then went ahead of every short prompt (simulated,
-    scripts/sim_colocated_knee.py: kairos+ short p90 TTFT 1.3-2.2x fcfs's, now 1.6-3.1x).
+    scripts/sim_colocated_knee.py: kairos+ short p90 TTFT 0.9-2.2x fcfs's, now 1.6-3.1x).
   2 urgent: salvageable with laxity <= one step (a full budget's time) + ``SAFETY`` x its work:
     it must run now to meet its SLO. Least laxity first. While it is in the step, other
     requests join only as long as their time fits in its laxity beyond the safety margin
