@@ -45,9 +45,9 @@ def _groups_one_by_one(policy: KairosPlusPrefillPolicy, reqs: list[SimReq], now:
         slo, d = policy.slo_s(r), policy.deadline(r)
         lax = d - now - w
         tight = lax <= step_s + policy.SAFETY * w
-        if tight and r in policy._urgent:
+        if tight and lax >= 0 and r in policy._urgent:
             g, k = RESCUING, lax
-        elif now - r.arrival >= policy.starve_factor * slo:
+        elif now - r.arrival >= policy.starve_factor * max(slo, policy.total_work_s(r)):
             g, k = STARVING, r.arrival
         elif lax < 0:
             g, k = LOST, w

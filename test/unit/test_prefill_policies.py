@@ -279,6 +279,30 @@ def test_kairos_plus_serves_a_starving_request_first() -> None:
         assert _plan(plan)[0][0] == first
 
 
+def test_kairos_plus_starvation_counts_a_prefill_longer_than_its_slo() -> None:
+    """A prompt whose prefill alone (3 s) exceeds its SLO (1 s) starves after 4 x 3 s, not
+    4 x 1 s: on a colocated server its own chunks, slowed by the decodes between them, no
+    longer put it ahead of every short prompt while it is being served (issue 28, wave 3)."""
+    for now, first in ((4.0, "short"), (11.9, "short"), (12.0, "lost")):
+        lost = FakeReq("lost", 0.0, 3000, slo_ttft_s=1.0)
+        short = FakeReq("short", now - 0.5, 10, slo_ttft_s=1.0)
+        plan = _kplus(prefill_starve_factor=4.0).schedule([lost, short], now, _budget(tokens=4000, chunk=4000))
+        assert _plan(plan)[0][0] == first, now
+
+
+def test_kairos_plus_rescue_ends_once_the_request_is_lost() -> None:
+    """A rescue whose request turned lost (the model learnt it is slower) stops going first:
+    the short prompt behind it, which can still meet its SLO, is served before it."""
+    pol = _kplus()
+    long = FakeReq("L", 0.0, 1000, slo_ttft_s=1.05)  # 1 s of work: urgent at once
+    assert _plan(pol.schedule([long], 0.0, _budget(tokens=200, chunk=200))) == [("L", 200)]
+    long.prefilled_len = 200
+    short = FakeReq("s", 0.3, 50, slo_ttft_s=2.0)
+    pol.model = PrefillCostModel.fixed(PrefillCoeffs(b=2e-3))  # learnt: twice as slow
+    plan = pol.schedule([long, short], 0.3, _budget(tokens=200, chunk=200))
+    assert _plan(plan)[0] == ("s", 50) and long not in pol._urgent
+
+
 def test_kairos_plus_urgent_request_limits_what_joins_its_step() -> None:
     """1 ms per token; the urgent request takes a 200-token chunk; others join only within its
     laxity beyond the 10% safety margin, and the first that does not fit ends the step."""

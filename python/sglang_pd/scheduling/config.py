@@ -75,7 +75,8 @@ class PolicyConfig:
     prefill_max_partial: int = flag(2, "--prefill-max-partial",
                                     help="partly prefilled requests (each holding pages) at once")
     prefill_starve_factor: float = flag(4.0, "--prefill-starve-factor",
-                                        help="kairos+: a request that waited this many TTFT SLOs is served first")
+                                        help="kairos+: a request that waited this many times max(TTFT SLO, its whole prefill "
+                                             "alone) is served first")
     # slack-guided decode policies (docs/decode_scheduling.md): the TPOT pace assumed for a
     # request without a TPOT SLO, which bounds how long it may be skipped
     decode_no_slo_tpot_ms: float = 1000.0

@@ -14,11 +14,18 @@ for a way the rule as written loses requests:
 The order, by group, then within it:
   0 rescuing: urgent requests (group 2) already served as urgent in an earlier step, least
     laxity first: once rescue starts it runs to the end (no flapping when the model or the
-    queue shifts). At most ``prefill_max_partial`` of them are partly prefilled at a time, so
+    queue shifts), or until it has failed: a request lost (laxity < 0) leaves the rescue for
+    good and is ranked as lost (group 5). Wave 3: on the CPU engine the model, learning from
+    short prompts, took a 3K-token prompt for salvageable; the rescue then ran its whole
+    15 s prefill ahead of every short prompt after it learnt better. At most ``prefill_max_partial`` of them are partly prefilled at a time, so
     they delay group 1 by a bounded amount of work.
-  1 starving: waited >= ``prefill_starve_factor`` x its TTFT SLO: oldest first. With group 0
-    bounded this bounds every wait: kairos+ never starves a request (a lost long prompt
-    included). Under sustained overload this trades a new rescue for a bounded wait.
+  1 starving: waited >= ``prefill_starve_factor`` x max(its TTFT SLO, its whole prefill alone):
+    oldest first. With group 0 bounded this bounds every wait: kairos+ never starves a request
+    (a lost long prompt included). Under sustained overload this trades a new rescue for a
+    bounded wait. The prefill term (issue 28, wave 3): a prompt whose prefill alone outlasts
+    its SLO is lost from the start; on a colocated server, where decodes slow its chunks, it
+    crossed 4 SLOs while being served and then went ahead of every short prompt (simulated,
+    scripts/sim_colocated_knee.py: kairos+ short p90 TTFT 0.9-2.2x fcfs's, now 1.6-3.1x).
   2 urgent: salvageable with laxity <= one step (a full budget's time) + ``SAFETY`` x its work:
     it must run now to meet its SLO. Least laxity first. While it is in the step, other
     requests join only as long as their time fits in its laxity beyond the safety margin
@@ -109,13 +116,17 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         np.putmask(group, lost, LOST)
         key = np.where(tight > lost, lax, work)  # URGENT: laxity; others: work (ON_TIME's: below)
         if len(a) and now - q.earliest_arrival() >= self.starve_factor * slos.min():  # else none waited so long
-            starving = now - a >= self.starve_factor * slos
-            group[starving] = STARVING
-            key[starving] = a[starving]  # oldest first
+            pos = (now - a >= self.starve_factor * slos).nonzero()[0]
+            if len(pos):  # a prefill longer than its SLO: the factor times that prefill instead
+                whole = self.model.request_times_array(q.pre[pos] + q.rem[pos] - q.cached[pos], q.cached[pos],
+                                                       self.chunk, empty_is_zero=True)
+                pos = pos[now - a[pos] >= self.starve_factor * np.maximum(slos[pos], whole)]
+                group[pos] = STARVING
+                key[pos] = a[pos]  # oldest first
         self._rescuing = _NO_POS
-        if self._urgent:  # RESCUING (over STARVING): laxity, lost ones too
+        if self._urgent:  # RESCUING (over STARVING): laxity; a rescue ends once lost
             pos = q.positions(self._urgent)
-            self._rescuing = pos = pos[tight[pos]]
+            self._rescuing = pos = pos[tight[pos] > lost[pos]]
             group[pos] = RESCUING
             key[pos] = lax[pos]
 
