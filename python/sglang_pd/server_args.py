@@ -77,6 +77,7 @@ class ServerArgs:
     prefill_deadline_margin_ms: float = 0.0
     prefill_max_partial: int = 2
     prefill_starve_factor: float = 4.0
+    long_prefill_token_threshold: int = 0  # vllm-threshold's cap (vLLM's flag; 0: short threshold)
     prefill_time_budget_ms: float | None = None  # Medha adaptive chunking (None: fixed chunks)
     # dual short/long prefill queues with AWD batching (docs/prefill_scheduling.md)
     prefill_queues: str = "single"
@@ -176,6 +177,7 @@ class ServerArgs:
             prefill_no_slo_ttft_ms=self.prefill_no_slo_ttft_ms,
             prefill_deadline_margin_ms=self.prefill_deadline_margin_ms,
             prefill_max_partial=self.prefill_max_partial, prefill_starve_factor=self.prefill_starve_factor,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
             prefill_time_budget_ms=self.prefill_time_budget_ms, prefill_queues=self.prefill_queues,
             short_prefill_threshold=self._short_threshold(), prefill_role=self.prefill_role,
             prefill_long_max_wait_ms=self.prefill_long_max_wait_ms, awd_w_min_ms=self.awd_w_min_ms,
@@ -261,6 +263,8 @@ class ServerArgs:
           help="partly prefilled requests (each holding pages) at once")
         p("--prefill-starve-factor", type=float, default=d.prefill_starve_factor,
           help="kairos+: a request that waited this many TTFT SLOs is served first")
+        p("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold,
+          help="vllm-threshold: most tokens one request prefills per step (0: --short-prefill-threshold)")
         p("--prefill-time-budget-ms", type=float, default=None,
           help="Medha adaptive chunking: largest chunks that fit this step time (ms); off by default")
         p("--prefill-queues", default=d.prefill_queues, choices=["single", "dual"],

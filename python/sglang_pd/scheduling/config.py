@@ -43,6 +43,8 @@ class PolicyConfig:
     prefill_deadline_margin_ms: float = 0.0  # after prefill, before the first token (KV transfer)
     prefill_max_partial: int = 2  # partly prefilled requests (holding pages) at once
     prefill_starve_factor: float = 4.0  # kairos+: waited this many TTFT SLOs -> served first
+    # vllm-threshold: most tokens one request prefills per step (0: the short-prefill threshold)
+    long_prefill_token_threshold: int = 0
     # slack-guided decode policies (docs/decode_scheduling.md): the TPOT pace assumed for a
     # request without a TPOT SLO, which bounds how long it may be skipped
     decode_no_slo_tpot_ms: float = 1000.0
@@ -76,6 +78,8 @@ class PolicyConfig:
             raise ValueError(f"prefill_queues must be one of {PREFILL_QUEUES}, got {self.prefill_queues!r}")
         if self.prefill_role not in PREFILL_ROLES:
             raise ValueError(f"prefill_role must be one of {PREFILL_ROLES}, got {self.prefill_role!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.short_prefill_threshold is not None and self.short_prefill_threshold < 1:
             raise ValueError(f"short_prefill_threshold must be >= 1 (or auto), got {self.short_prefill_threshold}")
         if self.prefill_time_budget_ms is not None and not self.prefill_time_budget_ms > 0:
