@@ -20,6 +20,7 @@ the logs for tracebacks. Setups (``--list`` prints them):
       ours-no-kairos    ours with dual queues over fcfs (no kairos+)
       ours-no-slack     ours with continuous decode (no slack+)
       ours+controller   ours with the pool controller on (an addition: it moves instances)
+      ours+spill        ours with length_aware_spill routing (item 0: idle short instances take longs)
 
 The workload: the first requests of a public trace (``--trace``, default azure-conv), prompt
 lengths times ``--length-scale`` (a CPU handles ~1/8 of an A100's prompt sizes in similar
@@ -65,9 +66,10 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
     fcfs = (("--prefill-policy", "fcfs"),) * 2
 
     def ours(name: str, what: str, prefill: list[str] = OURS_PREFILL, roles: tuple[str, str] = ("short", "long"),
-             decode: str = "slack+", controller: str = "off") -> Setup:
+             decode: str = "slack+", controller: str = "off", route: str = "length_aware") -> Setup:
         return Setup(name, "ours", tuple((*prefill, "--prefill-role", r) for r in roles),
-                     ("--decode-policy", decode), ("--pool-controller", controller), what)
+                     ("--decode-policy", decode), ("--pool-controller", controller, "--prefill-policy", route),
+                     what)
 
     rows = [
         Setup("sglang-pd", "sglang", fcfs, ("--decode-policy", "continuous"), (),
@@ -87,6 +89,7 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
              prefill=["--prefill-policy", "fcfs", "--prefill-queues", "dual"]),
         ours("ours-no-slack", "ours, continuous decode", decode="continuous"),
         ours("ours+controller", "ours, pool controller on", controller="on"),
+        ours("ours+spill", "ours, longs spill onto an idle short instance (item 0)", route="length_aware_spill"),
     ]
     return {s.name: s for s in rows}
 
