@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(names)}] {name}: {setups[name].what}", flush=True)
         r = run_setup(setups[name], args, model, workload, log_dir)
         runs.append(r)
-        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s", flush=True)
+        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s\n"
+              f"  {table([r]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
     md = table(runs)
     print("\n" + md)
     out = Path(args.out) if args.out else log_dir
