@@ -80,7 +80,7 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
               ("--decode-policy", "continuous"), (), "SGLang's router, vLLM's long-prefill cap"),
         Setup("dynamo-edf", "ours", fcfs, ("--decode-policy", "continuous"),
               ("--prefill-policy", "power_of_two", "--pool-controller", "off", "--queue-order", "edf",
-               "--max-concurrent-requests", str(edf_concurrency)),
+               "--max-concurrent-requests", str(edf_concurrency), "--queue-timeout-secs", "300"),
               f"our router, EDF queue over {edf_concurrency} in flight, fcfs/continuous"),
         ours("ours", "length pools, dual queues + kairos+, slack+"),
         ours("ours-no-pools", "ours, both prefills of role both", roles=("both", "both")),
