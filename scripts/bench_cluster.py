@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         r = run_setup(setups[name], args, model, workload, log_dir)
         runs.append(r)
         print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s\n"
-              f"  {table([r]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
+              f"  {table([r], runs[0]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
     md = table(runs)
     print("\n" + md)
     out = Path(args.out) if args.out else log_dir

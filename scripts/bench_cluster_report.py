@@ -39,12 +39,12 @@ def _delta(r: Any, base: Any, cls: str) -> str:
     return "-" if a is None or b is None else f"{100 * (a - b):+.1f}"
 
 
-def table(runs: list[Any]) -> str:
+def table(runs: list[Any], base: Any = None) -> str:
     head = ("| setup | ok | done | short TTFT p50/p90 (ms) | long TTFT p50/p90 (ms) | TPOT p50/p90 (ms) "
             "| TTFT att short / long (%) | TPOT att (%) | SLO att all (%) | goodput (req/s) "
             "| vs first: short / long (pts) | errors |")
     rows = [head, "|" + "---|" * 12]
-    base = runs[0] if runs else None
+    base = base if base is not None else (runs[0] if runs else None)
     for r in runs:
         err = " ".join(f"{k}={v}" for k, v in r.errors.items()) or "none"
         rows.append(
