@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import math
 import signal
@@ -24,6 +25,7 @@ from .limits import INLINE_TOKENIZE_CHARS, MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN
 from .metrics import CONTENT_TYPE, RouterMetrics
 from .monitor import WorkerMonitor
 from .policies import RouteRequest, RoutingConfig, create_routing_policy
+from .policies.queue_order import create_queue_order
 from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
 from .request_class import SHORT_PREFILL_THRESHOLD, classify
 from .workers import Worker, WorkerRegistry, validate_url
@@ -57,6 +59,8 @@ class RouterService:
             self.worker_headers["Authorization"] = f"Bearer {key}"
         self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size,
                                    cfg.queue_timeout_s, self.metrics.queued.set)
+        self.queue_order = create_queue_order(cfg.queue_order)  # fifo | edf (Dynamo's)
+        self._arrivals = itertools.count()
         self.session: aiohttp.ClientSession | None = None
         self.dispatcher: Dispatcher | None = None
         self.monitor: WorkerMonitor | None = None
@@ -194,7 +198,8 @@ class RouterService:
         except ClientError as e:
             return self._answer(path, cls, e.response())
         try:
-            await self.admission.acquire()
+            await self.admission.acquire(self.queue_order.key(
+                t_arrival, route_req.slo_ttft_s, next(self._arrivals)))
         except QueueFull as e:
             self.metrics.rejected.labels("queue").inc()
             return self._answer(path, cls, error_response(503, f"router overloaded: {e}",

@@ -10,6 +10,7 @@ import logging
 from .config import DEFAULT_BOOTSTRAP_PORT, PrefillSpec, RouterConfig
 from .controller import ControllerConfig
 from .policies import ROUTING_POLICIES
+from .policies.queue_order import QUEUE_ORDERS
 from .request_class import SHORT_PREFILL_THRESHOLD
 from .workers import validate_url
 
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=1024,
                    help="requests waiting for a slot; more get 503")
     p.add_argument("--queue-timeout-secs", type=float, default=60.0)
+    p.add_argument("--queue-order", choices=QUEUE_ORDERS, default="fifo",
+                   help="which waiting request a freed slot goes to: fifo, or edf (earliest "
+                        "TTFT deadline, as Dynamo's router queue; set --max-concurrent-requests "
+                        "below the load for a queue to form)")
     p.add_argument("--retry-max-retries", type=int, default=3)
     p.add_argument("--retry-initial-backoff-ms", type=float, default=50.0)
     p.add_argument("--retry-max-backoff-ms", type=float, default=2000.0)
@@ -183,6 +188,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         request_timeout_s=args.request_timeout_secs,
         max_concurrent_requests=args.max_concurrent_requests,
         queue_size=args.queue_size, queue_timeout_s=args.queue_timeout_secs,
+        queue_order=args.queue_order,
         max_retries=0 if args.disable_retries else args.retry_max_retries,
         retry_initial_backoff_ms=args.retry_initial_backoff_ms,
         retry_max_backoff_ms=args.retry_max_backoff_ms,

@@ -41,6 +41,7 @@ class RouterConfig:
     max_concurrent_requests: int = 512
     queue_size: int = 1024
     queue_timeout_s: float = 60.0
+    queue_order: str = "fifo"  # fifo | edf: who of the waiting requests gets a freed slot
     max_retries: int = 3  # extra tries after the first, before any byte reached the client
     retry_initial_backoff_ms: float = 50.0
     retry_max_backoff_ms: float = 2000.0
@@ -81,6 +82,8 @@ class RouterConfig:
         for name in ("queue_size", "max_retries", "max_migrations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.queue_order not in ("fifo", "edf"):
+            raise ValueError(f"queue_order must be fifo or edf, got {self.queue_order!r}")
         if not 0 <= self.retry_initial_backoff_ms <= self.retry_max_backoff_ms:
             raise ValueError("need 0 <= retry_initial_backoff_ms <= retry_max_backoff_ms")
         if self.short_prefill_threshold is not None and self.short_prefill_threshold < 1:

@@ -111,16 +111,19 @@ def _errors(errors: dict[str, int]) -> str:
 
 
 def _class_table(m: BenchMetrics) -> str:
+    """One row per length class: latency, then attainment of each SLO the class is held to."""
     head = f"{'class':<6}{'reqs':>6}{'ok':>6}{'TTFT p50/p99 (ms)':>20}{'TPOT p50 (ms)':>14}"
-    head += f"{'SLO att (%)':>12}{'goodput (req/s)':>16}"
+    head += f"{'TTFT att (%)':>13}{'TPOT att (%)':>13}{'SLO att (%)':>12}{'goodput (req/s)':>16}"
     rows = [f"long: prompt >= {m.long_threshold} tokens; short: below", head]
     for name, s in m.by_class.items():
         if not s.num_requests:
-            rows.append(f"{name:<6}{0:>6}{0:>6}{'-':>20}{'-':>14}{'-':>12}{'-':>16}")
+            rows.append(f"{name:<6}{0:>6}{0:>6}{'-':>20}{'-':>14}{'-':>13}{'-':>13}{'-':>12}"
+                        f"{'-':>16}")
             continue
         ttft = f"{s.ttft.median:.1f}/{s.ttft.p99:.1f}"
         rows.append(
-            f"{name:<6}{s.num_requests:>6}{s.completed:>6}{ttft:>20}{s.tpot.median:>14.2f}"
+            f"{name:<6}{s.num_requests:>6}{s.completed:>6}{ttft:>20}{_num(s.tpot.median):>14}"
+            f"{_pct(s.ttft_attainment):>13}{_pct(s.tpot_attainment):>13}"
             f"{_pct(s.slo_attainment):>12}{_num(s.goodput_rps):>16}"
         )
     return "\n".join(rows)

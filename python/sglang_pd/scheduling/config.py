@@ -77,6 +77,9 @@ class PolicyConfig:
     prefill_starve_factor: float = flag(4.0, "--prefill-starve-factor",
                                         help="kairos+: a request that waited this many times max(TTFT SLO, its whole prefill "
                                              "alone) is served first")
+    long_prefill_token_threshold: int = flag(
+        0, "--long-prefill-token-threshold",
+        help="vllm-threshold: most tokens one request prefills per step (0: --short-prefill-threshold)")
     # slack-guided decode policies (docs/decode_scheduling.md): the TPOT pace assumed for a
     # request without a TPOT SLO, which bounds how long it may be skipped
     decode_no_slo_tpot_ms: float = 1000.0
@@ -115,6 +118,8 @@ class PolicyConfig:
             raise ValueError(f"prefill_queues must be one of {PREFILL_QUEUES}, got {self.prefill_queues!r}")
         if self.prefill_role not in PREFILL_ROLES:
             raise ValueError(f"prefill_role must be one of {PREFILL_ROLES}, got {self.prefill_role!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.short_prefill_threshold is not None and self.short_prefill_threshold < 1:
             raise ValueError(f"short_prefill_threshold must be >= 1 (or auto), got {self.short_prefill_threshold}")
         if self.prefill_time_budget_ms is not None and not self.prefill_time_budget_ms > 0:

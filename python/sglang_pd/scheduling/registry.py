@@ -15,7 +15,9 @@ from sglang_pd.scheduling.prefill.kairos import KairosPrefillPolicy
 from sglang_pd.scheduling.prefill.kairos_plus import KairosPlusPrefillPolicy
 from sglang_pd.scheduling.prefill.lars import LarsPrefillPolicy
 from sglang_pd.scheduling.prefill.lrs import LrsPrefillPolicy
+from sglang_pd.scheduling.prefill.sglang_spf import SglangSpfPrefillPolicy
 from sglang_pd.scheduling.prefill.sjf import SjfPrefillPolicy
+from sglang_pd.scheduling.prefill.vllm_threshold import VllmThresholdPrefillPolicy
 from sglang_pd.scheduling.types import DecodePolicy, PrefillPolicy
 
 PREFILL_POLICIES: dict[str, Callable[[PolicyConfig], PrefillPolicy]] = {
@@ -26,6 +28,8 @@ PREFILL_POLICIES: dict[str, Callable[[PolicyConfig], PrefillPolicy]] = {
     "edf": EdfPrefillPolicy,  # Medha §4.1's comparison
     "lrs": LrsPrefillPolicy,  # Medha §4.1's comparison
     "sjf": SjfPrefillPolicy,  # Kairos §3.1's comparison
+    "sglang-spf": SglangSpfPrefillPolicy,  # baseline: SGLang's shortest-prefill-first (PR #40024)
+    "vllm-threshold": VllmThresholdPrefillPolicy,  # baseline: vLLM's --long-prefill-token-threshold
 }
 DECODE_POLICIES: dict[str, Callable[[PolicyConfig], DecodePolicy]] = {
     "continuous": ContinuousDecodePolicy,

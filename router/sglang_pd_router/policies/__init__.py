@@ -15,6 +15,7 @@ from .base import (
     request_class_of,
 )
 from .length_aware import LengthAwarePolicy
+from .length_aware_spill import LengthAwareSpillPolicy
 from .power_of_two import PowerOfTwoPolicy
 from .random_policy import RandomPolicy
 from .round_robin import RoundRobinPolicy
@@ -24,6 +25,7 @@ ROUTING_POLICIES: dict[str, type[RoutingPolicy]] = {
     "round_robin": RoundRobinPolicy,
     "power_of_two": PowerOfTwoPolicy,
     "length_aware": LengthAwarePolicy,
+    "length_aware_spill": LengthAwareSpillPolicy,  # ours: idle short instances take longs
 }
 
 

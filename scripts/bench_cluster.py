@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""The whole PD cluster against today's baselines (issue 34 item 2): one command, one table.
+
+  python scripts/bench_cluster.py [--out docs/bench] [--setups sglang-pd,ours,...] [--quick]
+
+For each setup, in turn, on this machine: start 2 prefill servers and 1 decode server
+(``sglang_pd.launch_server``, SmolLM2-135M shape with ``--load-format dummy``, one thread
+each), a router in front (SGLang's ``sglang_router`` or ours), replay the same workload through
+it with ``sglang_pd.bench_serving`` (same requests at the same times), stop everything and scan
+the logs for tracebacks. Setups (``--list`` prints them):
+
+  (a) sglang-pd         SGLang PD as people run it: SGLang's router, fcfs prefill, continuous decode
+  (b) sglang-spf        the same with SGLang's shortest-prefill-first (PR #40024; policy sglang-spf)
+      vllm-threshold    the same with vLLM's --long-prefill-token-threshold (policy vllm-threshold)
+      dynamo-edf        our router with an EDF pending queue (Dynamo's) over fcfs / continuous
+  (c) ours              our router (length_aware) over a short-role and a long-role prefill
+                        (dual queues, kairos+), slack+ decode
+  (d) ours-no-pools     ours with both prefill instances of role "both" (no length pools)
+      ours-no-dual      ours with single prefill queues (kairos+ alone)
+      ours-no-kairos    ours with dual queues over fcfs (no kairos+)
+      ours-no-slack     ours with continuous decode (no slack+)
+      ours+controller   ours with the pool controller on (an addition: it moves instances)
+      ours+spill        ours with length_aware_spill routing (item 0: idle short instances take longs)
+
+The workload: the first requests of a public trace (``--trace``, default azure-conv), prompt
+lengths times ``--length-scale`` (a CPU handles ~1/8 of an A100's prompt sizes in similar
+time), outputs clamped to ``--max-output-len``, arrival times rescaled to ``--rate`` req/s.
+Per-class TTFT SLOs (short = at most ``--short-threshold`` tokens) and one TPOT SLO, sent per
+request. Writes OUT/bench_cluster.{json,md,png}. ``--quick``: the tiny model, a few requests and
+two setups, a CI smoke (scripts/ and the bench package only; no figures worth quoting).
+No CUDA graphs on CPU: the short-prefill graph buckets of the short pool show nothing here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench_cluster_report import plot, table
+from server_procs import free_port, stop, wait_healthy
+
+REPO = Path(__file__).resolve().parents[1]
+OURS_PREFILL = ["--prefill-policy", "kairos+", "--prefill-queues", "dual"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    router: str  # "sglang" | "ours"
+    prefill: tuple[tuple[str, ...], ...]  # flags of each prefill server
+    decode: tuple[str, ...]
+    router_flags: tuple[str, ...] = ()
+    what: str = ""
+
+
+def _setups(edf_concurrency: int) -> dict[str, Setup]:
+    fcfs = (("--prefill-policy", "fcfs"),) * 2
+
+    def ours(name: str, what: str, prefill: list[str] = OURS_PREFILL, roles: tuple[str, str] = ("short", "long"),
+             decode: str = "slack+", controller: str = "off", route: str = "length_aware") -> Setup:
+        return Setup(name, "ours", tuple((*prefill, "--prefill-role", r) for r in roles),
+                     ("--decode-policy", decode), ("--pool-controller", controller, "--prefill-policy", route),
+                     what)
+
+    rows = [
+        Setup("sglang-pd", "sglang", fcfs, ("--decode-policy", "continuous"), (),
+              "SGLang's router, fcfs prefill, continuous decode"),
+        Setup("sglang-spf", "sglang", (("--prefill-policy", "sglang-spf"),) * 2,
+              ("--decode-policy", "continuous"), (), "SGLang's router, shortest-prefill-first"),
+        Setup("vllm-threshold", "sglang", (("--prefill-policy", "vllm-threshold"),) * 2,
+              ("--decode-policy", "continuous"), (), "SGLang's router, vLLM's long-prefill cap"),
+        Setup("dynamo-edf", "ours", fcfs, ("--decode-policy", "continuous"),
+              ("--prefill-policy", "power_of_two", "--pool-controller", "off", "--queue-order", "edf",
+               "--max-concurrent-requests", str(edf_concurrency), "--queue-timeout-secs", "300"),
+              f"our router, EDF queue over {edf_concurrency} in flight, fcfs/continuous"),
+        ours("ours", "length pools, dual queues + kairos+, slack+"),
+        ours("ours-no-pools", "ours, both prefills of role both", roles=("both", "both")),
+        ours("ours-no-dual", "ours, single queues (kairos+)", prefill=["--prefill-policy", "kairos+"]),
+        ours("ours-no-kairos", "ours, dual queues over fcfs",
+             prefill=["--prefill-policy", "fcfs", "--prefill-queues", "dual"]),
+        ours("ours-no-slack", "ours, continuous decode", decode="continuous"),
+        ours("ours+controller", "ours, pool controller on", controller="on"),
+        ours("ours+spill", "ours, longs spill onto an idle short instance (item 0)", route="length_aware_spill"),
+    ]
+    return {s.name: s for s in rows}
+
+
+@dataclass
+class Run:
+    setup: str
+    ok: bool = False
+    problem: str = ""
+    wall_s: float = 0.0
+    load_avg_1m: float = 0.0
+    num_requests: int = 0
+    completed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    by_class: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    overall: dict[str, float | int | None] = field(default_factory=dict)
+    tracebacks: list[str] = field(default_factory=list)
+
+
+KEYS = ("num_requests", "completed", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
+        "ttft_attainment", "tpot_attainment", "slo_attainment", "goodput_rps")
+
+
+def write_workload(args: argparse.Namespace, path: Path) -> dict[str, float]:
+    """The trace's first ``--num-prompts`` requests, scaled to the CPU, as Mooncake-format JSON
+    lines (the bench loads it like any trace). Returns what was made of it."""
+    sys.path.insert(0, str(REPO / "python"))
+    from sglang_pd.bench.traces import load_trace
+
+    recs = load_trace(args.trace, limit=args.num_prompts)
+    span = (recs[-1].arrival_s or 0.0) or 1.0
+    stretch = (len(recs) / span) / args.rate  # trace rate -> --rate
+    n_long = 0
+    with open(path, "w") as f:
+        for r in recs:
+            inp = max(1, min(args.max_input_len, round(r.input_len * args.length_scale)))
+            n_long += inp > args.short_threshold
+            f.write(json.dumps({"timestamp": 1e3 * (r.arrival_s or 0.0) * stretch, "input_length": inp,
+                                "output_length": max(1, min(r.output_len, args.max_output_len))}) + "\n")
+    return {"requests": len(recs), "long_fraction": n_long / len(recs), "span_s": span * stretch}
+
+
+def _popen(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    with open(log, "w") as logf:  # the child keeps its own handle
+        return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # own group: SIGTERM reaches the engine
+
+
+def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path,
+                  env: dict[str, str], procs: list[tuple[str, subprocess.Popen]]) -> str:
+    """Servers and router up (appended to ``procs`` as they start); returns the router's URL."""
+    common = ["--model-path", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
+              "--page-size", "16", "--chunked-prefill-size", str(args.chunk),
+              "--short-prefill-threshold", str(args.short_threshold),
+              "--slo-ttft-ms", str(args.slo_ttft_short_ms), "--slo-tpot-ms", str(args.slo_tpot_ms),
+              "--random-seed", str(args.seed)]
+    py = [sys.executable, "-m", "sglang_pd.launch_server", *common]
+    prefills, urls = [], []
+    for i, flags in enumerate(s.prefill):
+        port, boot = free_port(), free_port()
+        procs.append((f"prefill{i}", _popen([*py, *flags, "--mode", "prefill", "--port", str(port),
+                                             "--disaggregation-bootstrap-port", str(boot)],
+                                            log_dir / f"{s.name}_prefill{i}.log", env)))
+        prefills += ["--prefill", f"http://127.0.0.1:{port}", str(boot)]
+        urls.append(f"http://127.0.0.1:{port}")
+    port = free_port()
+    procs.append(("decode", _popen([*py, *s.decode, "--mode", "decode", "--port", str(port)],
+                                   log_dir / f"{s.name}_decode.log", env)))
+    urls.append(f"http://127.0.0.1:{port}")
+    workers = [*prefills, "--decode", f"http://127.0.0.1:{port}"]
+    for (name, proc), url in zip(procs, urls):
+        if not wait_healthy(url, proc, args.startup_timeout):
+            raise RuntimeError(f"{name} not healthy in {args.startup_timeout:.0f} s (rc={proc.poll()})")
+    rport = free_port()
+    if s.router == "sglang":
+        router = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", *workers]
+    else:
+        router = [sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation", *workers,
+                  "--short-prefill-threshold", str(args.short_threshold), "--log-level", "warning",
+                  "--slo-ttft-ms", str(args.slo_ttft_short_ms), str(args.slo_ttft_long_ms),
+                  "--slo-tpot-ms", str(args.slo_tpot_ms), *s.router_flags]
+    procs.append(("router", _popen([*router, "--host", "127.0.0.1", "--port", str(rport)],
+                                   log_dir / f"{s.name}_router.log", env)))
+    url = f"http://127.0.0.1:{rport}"
+    if not wait_healthy(url, procs[-1][1], args.startup_timeout):
+        raise RuntimeError(f"router not healthy (rc={procs[-1][1].poll()})")
+    return url
+
+
+def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, log_dir: Path) -> Run:
+    run = Run(s.name, load_avg_1m=os.getloadavg()[0])
+    env = dict(os.environ, OMP_NUM_THREADS="1", UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"),
+               NIXL_LOG_LEVEL="WARN",
+               PYTHONPATH=f"{REPO / 'python'}:{REPO / 'router'}:{os.environ.get('PYTHONPATH', '')}")
+    procs: list[tuple[str, subprocess.Popen]] = []
+    jsonl = log_dir / f"{s.name}.jsonl"
+    jsonl.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    try:
+        url = start_cluster(s, args, model, log_dir, env, procs)
+        print(f"  [{s.name}] cluster up in {time.monotonic() - t0:.1f} s", flush=True)
+        bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--base-url", url, "--backend", "sglang",
+                 "--dataset-name", "trace", "--dataset-path", str(workload),
+                 "--num-prompts", str(args.num_prompts), "--seed", str(args.seed),
+                 "--slo-ttft-ms", str(args.slo_ttft_short_ms), "--slo-ttft-ms-long", str(args.slo_ttft_long_ms),
+                 "--slo-tpot-ms", str(args.slo_tpot_ms), "--long-threshold", str(args.short_threshold + 1),
+                 "--request-timeout", str(args.request_timeout), "--warmup-requests", "1",
+                 "--disable-tqdm", "--output-file", str(jsonl)]
+        res = subprocess.run(bench, env=env, capture_output=True, text=True, timeout=args.bench_timeout,
+                             check=False)
+        (log_dir / f"{s.name}_bench.out").write_text(res.stdout + res.stderr)
+        if res.returncode != 0 or not jsonl.exists():
+            raise RuntimeError(f"bench_serving rc={res.returncode}: {res.stderr.strip()[-300:]}")
+        rec = json.loads(jsonl.read_text().splitlines()[-1])
+        run.num_requests, run.completed = rec["num_requests"], rec["completed"]
+        run.errors = rec.get("errors") or {}
+        run.overall = {k: rec.get(k) for k in KEYS}
+        run.by_class = {c: {k: v.get(k) for k in KEYS} for c, v in rec.get("by_class", {}).items()}
+        run.ok = run.completed == run.num_requests
+        if not run.ok:
+            run.problem = f"{run.num_requests - run.completed} failed: {run.errors}"
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        run.problem = str(e)
+    finally:
+        for _, proc in reversed(procs):
+            stop(proc)
+        run.wall_s = time.monotonic() - t0
+    for log in sorted(log_dir.glob(f"{s.name}_*.log")):
+        text = log.read_text(errors="replace")
+        run.tracebacks += [f"{log.name}: {b[:400]}" for b in text.split("Traceback (most recent call last):")[1:]]
+    if run.tracebacks:
+        run.ok = False
+        run.problem = (run.problem + "; " if run.problem else "") + f"{len(run.tracebacks)} traceback(s)"
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="directory for bench_cluster.{json,md,png} (default: --log-dir)")
+    ap.add_argument("--setups", default=None, help="comma-separated (default: all; --quick: sglang-pd,ours)")
+    ap.add_argument("--list", action="store_true", help="print the setups and exit")
+    ap.add_argument("--quick", action="store_true", help="CI smoke: tiny model, 10 requests, 2 setups")
+    ap.add_argument("--trace", default="azure-conv", help="data/traces short name or file")
+    ap.add_argument("--num-prompts", type=int, default=80)
+    ap.add_argument("--rate", type=float, default=1.5, help="mean arrival rate (req/s) the trace is rescaled to")
+    ap.add_argument("--length-scale", type=float, default=0.125, help="prompt lengths times this")
+    ap.add_argument("--max-input-len", type=int, default=3072)
+    ap.add_argument("--max-output-len", type=int, default=16)
+    ap.add_argument("--short-threshold", type=int, default=256, help="prompts <= this are short")
+    ap.add_argument("--slo-ttft-short-ms", type=float, default=1000.0)
+    ap.add_argument("--slo-ttft-long-ms", type=float, default=5000.0)
+    ap.add_argument("--slo-tpot-ms", type=float, default=250.0)
+    ap.add_argument("--chunk", type=int, default=512, help="--chunked-prefill-size of every server")
+    ap.add_argument("--edf-concurrency", type=int, default=4, help="dynamo-edf: requests in flight")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: tiny)")
+    ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))
+    ap.add_argument("--startup-timeout", type=float, default=120.0)
+    ap.add_argument("--request-timeout", type=float, default=300.0)
+    ap.add_argument("--bench-timeout", type=float, default=600.0)
+    return ap
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(f"signal {signum}")  # runs the finally blocks: the servers are stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    setups = _setups(args.edf_concurrency)
+    if args.list:
+        for s in setups.values():
+            print(f"{s.name:<16} {s.what}")
+        return 0
+    if args.quick:
+        # the first 14 requests of azure-conv at x0.25: a few long prompts among the shorts
+        args.num_prompts, args.rate, args.max_output_len, args.length_scale = 14, 6.0, 4, 0.25
+        args.setups = args.setups or "sglang-pd,ours"
+        args.model_dir = args.model_dir or str(REPO / "models" / "tiny-llama")
+    names = [n.strip() for n in (args.setups or ",".join(setups)).split(",") if n.strip()]
+    unknown = [n for n in names if n not in setups]
+    if unknown or not names:
+        ap.error(f"unknown setups {unknown}; known: {', '.join(setups)}")
+    if args.rate <= 0 or args.num_prompts < 1 or args.length_scale <= 0:
+        ap.error("--rate, --num-prompts and --length-scale must be positive")
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model_dir) if args.model_dir else log_dir / "smollm2-135m"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    if args.quick and not (model / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_tiny_model", str(model), "--arch", "llama"],
+                       check=True, env=env)
+    elif not (model / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_dummy_config", "smollm2-135m", str(model)],
+                       check=True, env=env)
+    workload = log_dir / "workload.jsonl"
+    wl = write_workload(args, workload)
+    load0 = os.getloadavg()
+    print(f"{len(names)} setups; {wl['requests']} requests of {args.trace} (lengths x{args.length_scale}, "
+          f"{100 * wl['long_fraction']:.0f}% long), {args.rate} req/s over {wl['span_s']:.0f} s; SLOs TTFT "
+          f"{args.slo_ttft_short_ms:.0f}/{args.slo_ttft_long_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
+          f"logs in {log_dir}; load {load0[0]:.2f}", flush=True)
+    runs = []
+    for i, name in enumerate(names):
+        print(f"[{i + 1}/{len(names)}] {name}: {setups[name].what}", flush=True)
+        r = run_setup(setups[name], args, model, workload, log_dir)
+        runs.append(r)
+        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s\n"
+              f"  {table([r], runs[0]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
+    md = table(runs)
+    print("\n" + md)
+    out = Path(args.out) if args.out else log_dir
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"host": platform.node(), "cpus": os.cpu_count(), "load_avg_start": load0,
+            "load_avg_end": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "workload": wl, "argv": sys.argv[1:]}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "log_dir", "list")}
+    (out / "bench_cluster.json").write_text(json.dumps(
+        {"config": config, "meta": meta, "runs": [asdict(r) for r in runs]}, indent=1) + "\n")
+    (out / "bench_cluster.md").write_text(
+        f"# Whole cluster vs baselines (scripts/bench_cluster.py)\n\n`python scripts/bench_cluster.py "
+        f"{' '.join(sys.argv[1:])}`, {meta['date']}, {meta['cpus']} CPUs, load {load0[0]:.2f}.\n\n{md}\n")
+    if plot(runs, args, out / "bench_cluster.png"):
+        print(f"wrote {out}/bench_cluster.{{json,md,png}}")
+    for r in runs:
+        for tb in r.tracebacks:
+            print(f"\n[{r.setup}] {tb}", file=sys.stderr)
+    return 0 if all(r.ok for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

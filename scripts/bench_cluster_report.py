@@ -1,0 +1,100 @@
+"""bench_cluster's table and plot (kept apart so the runner stays readable).
+
+Attainment columns: TTFT attainment per class (each class against its own TTFT SLO), TPOT
+attainment over all requests, and "SLO" = both met, over all requests sent (a failed request
+misses). Goodput = requests meeting both SLOs per second. Deltas are points against the first
+setup (sglang-pd when it ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}"
+
+
+def _rate(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _get(r: Any, cls: str, key: str) -> Any:
+    """A figure of one class ('' = all requests); None where the class had no request (or,
+    for latencies, none completed)."""
+    d = (r.by_class.get(cls) or {}) if cls else r.overall
+    if not d.get("num_requests") or (key.endswith("_ms") and not d.get("completed")):
+        return None
+    return d.get(key)
+
+
+def _delta(r: Any, base: Any, cls: str) -> str:
+    a, b = _get(r, cls, "ttft_attainment"), _get(base, cls, "ttft_attainment")
+    return "-" if a is None or b is None else f"{100 * (a - b):+.1f}"
+
+
+def table(runs: list[Any], base: Any = None) -> str:
+    head = ("| setup | ok | done | short TTFT p50/p90 (ms) | long TTFT p50/p90 (ms) | TPOT p50/p90 (ms) "
+            "| TTFT att short / long (%) | TPOT att (%) | SLO att all (%) | goodput (req/s) "
+            "| vs first: short / long (pts) | errors |")
+    rows = [head, "|" + "---|" * 12]
+    base = base if base is not None else (runs[0] if runs else None)
+    for r in runs:
+        err = " ".join(f"{k}={v}" for k, v in r.errors.items()) or "none"
+        rows.append(
+            f"| {r.setup} | {'yes' if r.ok else 'NO'} | {r.completed}/{r.num_requests} "
+            f"| {_ms(_get(r, 'short', 'median_ttft_ms'))} / {_ms(_get(r, 'short', 'p90_ttft_ms'))} "
+            f"| {_ms(_get(r, 'long', 'median_ttft_ms'))} / {_ms(_get(r, 'long', 'p90_ttft_ms'))} "
+            f"| {_ms(_get(r, '', 'median_tpot_ms'))} / {_ms(_get(r, '', 'p90_tpot_ms'))} "
+            f"| {_pct(_get(r, 'short', 'ttft_attainment'))} / {_pct(_get(r, 'long', 'ttft_attainment'))} "
+            f"| {_pct(_get(r, '', 'tpot_attainment'))} | {_pct(_get(r, '', 'slo_attainment'))} "
+            f"| {_rate(_get(r, '', 'goodput_rps'))} "
+            f"| {_delta(r, base, 'short')} / {_delta(r, base, 'long')} | {err} |")
+    return "\n".join(rows)
+
+
+def plot(runs: list[Any], args: argparse.Namespace, path: Any) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return False
+    names = [r.setup for r in runs]
+    xs = list(range(len(runs)))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(runs) + 4), 4.5))
+    w = 0.4
+    for k, cls in enumerate(("short", "long")):
+        p90 = [(_get(r, cls, "p90_ttft_ms") or 0) / 1e3 for r in runs]
+        a1.bar([x + (k - 0.5) * w for x in xs], p90, w, label=f"{cls} p90")
+    a1.axhline(args.slo_ttft_short_ms / 1e3, color="tab:blue", ls="--", lw=1, label="short SLO")
+    a1.axhline(args.slo_ttft_long_ms / 1e3, color="tab:orange", ls="--", lw=1, label="long SLO")
+    a1.set_yscale("log")
+    a1.set_ylabel("p90 TTFT (s, log)")
+    a1.set_title("p90 TTFT per class")
+    w = 0.27
+    for k, (label, cls, key) in enumerate((("TTFT short", "short", "ttft_attainment"),
+                                           ("TTFT long", "long", "ttft_attainment"),
+                                           ("both SLOs, all", "", "slo_attainment"))):
+        a2.bar([x + (k - 1) * w for x in xs], [100 * (_get(r, cls, key) or 0) for r in runs], w, label=label)
+    a2.set_ylim(0, 105)
+    a2.set_ylabel("attainment (%)")
+    a2.set_title("SLO attainment")
+    for ax in (a1, a2):
+        ax.set_xticks(xs, names, rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"PD cluster (2 prefill + 1 decode), CPU: {args.num_prompts} requests of {args.trace} "
+                 f"(lengths x{args.length_scale}) at {args.rate} req/s; SLOs TTFT "
+                 f"{args.slo_ttft_short_ms:.0f}/{args.slo_ttft_long_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
