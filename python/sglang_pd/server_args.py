@@ -67,6 +67,7 @@ class ServerArgs:
     cuda_graph_max_bs: int = 160  # decode CUDA graphs for batches up to this (engine/cuda_graph.py)
     disable_cuda_graph: bool = False  # CUDA graphs run only on --device cuda with triton attention
     enable_mixed_chunk: bool = False  # prefill chunks and decodes in one forward
+    disable_radix_cache: bool = False  # no prefix cache: every prompt computed from its first token
     short_prefill_buckets: str = str(BucketGrid())  # "T1,T2,...xB1,B2,..." padded step shapes
     # SLO defaults for requests that carry none (bench_serving's flag names)
     slo_ttft_ms: float | None = None
@@ -248,6 +249,8 @@ class ServerArgs:
         p("--disable-cuda-graph", action="store_true", help="run every step eagerly on CUDA")
         p("--enable-mixed-chunk", action="store_true",
           help="run prefill chunks and decodes of running requests in one forward")
+        p("--disable-radix-cache", action="store_true",
+          help="no prefix cache (core/radix_cache.py): every prompt is computed from its first token")
         p("--short-prefill-buckets", default=d.short_prefill_buckets,
           help="padded (tokens x batch) shapes of short-prefill steps, e.g. 64,128,256x1,2,4,8")
         p("--slo-ttft-ms", type=float, default=None, help="default TTFT SLO of requests without one")

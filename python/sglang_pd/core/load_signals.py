@@ -8,8 +8,8 @@ SLO deviation per class over recent first tokens, and the share of wall time spe
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD, PolicyConfig
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy

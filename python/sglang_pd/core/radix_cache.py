@@ -66,6 +66,7 @@ class RadixCache:
         self.num_pages = 0
         self.evictable = 0
         self.version = 0
+        self.num_evicted = 0  # pages evicted, ever (flushes included)
         self._tick = 0
 
     # ------------------------------------------------------------------ lookups
@@ -157,6 +158,7 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_use, id(parent), parent))
         self.num_pages -= len(freed)
         self.evictable -= len(freed)
+        self.num_evicted += len(freed)
         self.allocator.free(freed)
         if freed:
             self.version += 1

@@ -40,7 +40,7 @@ class BucketGrid:
                 raise ValueError(f"bucket grid {name} must be strictly ascending positive ints, got {axis}")
 
     @classmethod
-    def parse(cls, text: str) -> "BucketGrid":
+    def parse(cls, text: str) -> BucketGrid:
         tokens_s, sep, batch_s = text.partition("x")
         if not sep:
             raise ValueError(f"--short-prefill-buckets must look like '64,128,256x1,2,4', got {text!r}")

@@ -32,9 +32,11 @@ def handle_control(core: EngineCore, msg: ControlReq) -> ControlResp:
             return ControlResp(msg.call_id, False, {}, str(exc))
         return ControlResp(msg.call_id, True, {"prefill_role": role})
     if msg.method == "flush_cache":
-        # no prefix cache yet: flushing succeeds when idle, as in SGLang
+        # as in SGLang: only when idle; frees every cached page no request uses
         ok = not core.has_work
-        return ControlResp(msg.call_id, ok, {}, "" if ok else "cannot flush while requests run")
+        freed = core.scheduler.flush_cache() if ok else 0
+        return ControlResp(msg.call_id, ok, {"num_freed_pages": freed},
+                           "" if ok else "cannot flush while requests run")
     if msg.method == "check_integrity":
         try:
             core.check_integrity()

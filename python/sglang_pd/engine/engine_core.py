@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from sglang_pd.core.load_signals import LoadTracker, class_queues, short_threshold
-from sglang_pd.core.page_allocator import PageAllocator
+from sglang_pd.core.page_allocator import Allocator, PageAllocator
 from sglang_pd.core.pd_rules import whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler, ScheduledStep
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile
@@ -87,7 +87,7 @@ class EngineCore:
         )
         self.kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim,
                               dtype, args.device)
-        self.allocator = PageAllocator(num_pages)
+        self.allocator: Allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
                                   max_positions=cfg.max_position_embeddings,
@@ -102,7 +102,10 @@ class EngineCore:
             self.allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
             create_decode_policy(args.decode_policy, cfg_p),
             whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # core/pd_rules.py
+            # prefix cache (core/prefix_hits.py); a decode server's KV arrives whole from prefill
+            prefix_cache=not args.disable_radix_cache and args.disaggregation_mode != "decode",
         )
+        self.allocator = self.scheduler.allocator  # with a prefix cache: evictable pages count as free
         self.eos_ids = list(cfg.eos_token_ids)
         self.stop_checker = StopChecker(
             None if args.skip_tokenizer_init else args.tokenizer_dir, self.eos_ids, self.context_length
@@ -353,7 +356,8 @@ class EngineCore:
         new = req.output_ids[req.sent_len:]
         req.sent_len = len(req.output_ids)
         out = ReqOutput(rid=req.rid, new_token_ids=new, prompt_tokens=req.prompt_len,
-                        completion_tokens=len(req.output_ids), finish_reason=req.finish_reason,
+                        completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
+                        finish_reason=req.finish_reason,
                         error_status=status)
         if req.return_logprob:
             out.output_token_logprobs = [TokenLogprob(lp, t) for lp, t in req.pending_logprobs]
@@ -382,6 +386,7 @@ class EngineCore:
         span = max(now - self._generated[0][0], 1e-3) if self._generated else 1.0
         used = self.scheduler.num_used_tokens
         sched = self.scheduler
+        hits = sched.hits
         return EngineStats(
             num_running_reqs=len(sched.running), num_queue_reqs=len(sched.waiting),
             token_usage=used / self.max_total_num_tokens,
@@ -390,6 +395,9 @@ class EngineCore:
             num_queue_prefill_tokens=sum(r.prefill_remaining for r in sched.waiting),
             num_running_decode_tokens=sum(r.kv_len for r in sched.running),
             num_free_pages=self.allocator.num_free, num_total_pages=self.allocator.num_usable,
+            num_cached_pages=hits.cache.num_pages if hits else 0,  # prefix cache (core/prefix_hits.py)
+            num_evictable_pages=hits.cache.evictable if hits else 0,
+            cache_hit_rate=hits.hit_rate if hits else 0.0,
             num_retractions_total=sched.num_retractions,
             num_preempted_prefills_total=sched.num_preempted_prefills,
             engine_stall_s=now - self.stalled_since if self.stalled_since is not None else 0.0,

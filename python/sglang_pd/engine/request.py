@@ -33,6 +33,8 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     kv_len: int = 0
+    # prefix-cache hit (whole pages): looked up while waiting, locked at admission (core/prefix_hits.py)
+    cached_len: int = 0
     state: ReqState = ReqState.WAITING
     first_token_time: float | None = None
     finish_reason: dict | None = None
@@ -47,7 +49,7 @@ class Req:
 
     @classmethod
     def from_msg(cls, msg: GenerateReq, now: float, wall_now: float | None = None,
-                 default_slo_s: tuple[float | None, float | None] = (None, None)) -> "Req":
+                 default_slo_s: tuple[float | None, float | None] = (None, None)) -> Req:
         """``now``: the engine clock; ``wall_now``: time.time() at the same instant. The request's
         clock starts at the frontend's arrival (``msg.arrival_time``, wall time), converted once
         into the engine clock, so queueing before the engine counts against its deadline. SLOs:
@@ -73,10 +75,6 @@ class Req:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
-
-    @property
-    def cached_len(self) -> int:
-        return 0
 
     @property
     def prefilled_len(self) -> int:
