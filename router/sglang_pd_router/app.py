@@ -23,6 +23,7 @@ from .limits import INLINE_TOKENIZE_CHARS, MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN
 from .metrics import CONTENT_TYPE, RouterMetrics
 from .monitor import WorkerMonitor
 from .policies import RouteRequest, RoutingConfig, classify_length, create_routing_policy
+from .policies.cache_aware import CacheAwarePolicy, request_prefix_blocks
 from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
 from .workers import Worker, WorkerRegistry, validate_url
 
@@ -186,6 +187,8 @@ class RouterService:
         ttft_ms = slo.get("ttft_ms")
         route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
             ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
+        if isinstance(self.prefill_policy, CacheAwarePolicy):  # its prefix index needs the prompt
+            route_req.prefix_blocks = request_prefix_blocks(body)
         stream = body.get("stream") is True
         try:
             data = await self._serialise(body, (request.content_length or 0) > THREAD_PARSE_BYTES)

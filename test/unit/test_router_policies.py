@@ -20,8 +20,9 @@ def _prefills(*roles: str, **kw) -> list[WorkerView]:
     return [WorkerView(f"http://p{i}", "prefill", role, **kw) for i, role in enumerate(roles)]
 
 
-def test_registry_knows_the_four_and_refuses_others() -> None:
-    assert set(ROUTING_POLICIES) == {"random", "round_robin", "power_of_two", "length_aware"}
+def test_registry_knows_the_five_and_refuses_others() -> None:
+    assert set(ROUTING_POLICIES) == {"random", "round_robin", "power_of_two", "length_aware",
+                                     "cache_aware"}
     for name in ROUTING_POLICIES:
         assert create_routing_policy(name).name == name
     with pytest.raises(ValueError, match="unknown routing policy 'nope'.*length_aware"):

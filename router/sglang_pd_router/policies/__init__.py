@@ -16,6 +16,7 @@ from .base import (
     predicted_queue_s,
     request_class_of,
 )
+from .cache_aware import CacheAwarePolicy
 from .length_aware import LengthAwarePolicy
 from .power_of_two import PowerOfTwoPolicy
 from .random_policy import RandomPolicy
@@ -26,6 +27,7 @@ ROUTING_POLICIES: dict[str, type[RoutingPolicy]] = {
     "round_robin": RoundRobinPolicy,
     "power_of_two": PowerOfTwoPolicy,
     "length_aware": LengthAwarePolicy,
+    "cache_aware": CacheAwarePolicy,  # length_aware's pools, cost net of expected prefix hits
 }
 
 
