@@ -120,3 +120,19 @@ def test_pages_conserved_and_locked_pages_never_evicted(script: list, page_size:
         cache.unlock(u.node)
     cache.flush()
     assert alloc.num_free == alloc.num_usable and cache.num_pages == 0
+
+
+def test_extend_follows_evictions_and_insertions() -> None:
+    """A kept match brought up to date (what the scheduler's refresh of waiting hits uses)."""
+    alloc = PageAllocator(9)
+    cache = RadixCache(2, alloc)
+    keys = [(1, 2), (3, 4), (5, 6)]
+    cache.insert([1, 2, 3, 4], alloc.alloc(2))
+    node = cache.extend(cache.root, keys)
+    assert node.depth == 2
+    cache.insert([1, 2, 3, 4, 5, 6], alloc.alloc(3))  # the first two are duplicates, freed
+    node = cache.extend(node, keys)
+    assert node.depth == 3 and alloc.num_free == 5
+    cache.evict(2)  # the two deepest pages go (leaves first)
+    assert cache.extend(node, keys).depth == 1
+    assert cache.extend(node, keys) is cache.match([1, 2, 3, 4, 5, 6]).node

@@ -19,6 +19,7 @@ Conservation: base allocator in use == pages requests hold alone + quarantine + 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,6 +42,9 @@ class PrefixHits:
         self.page_size = cache.page_size
         self.locks: dict[object, Node] = {}  # request -> the deepest node of its locked hit
         self.seen_version = -1
+        # per waiting request: its page keys and its last matched node (rematch)
+        self._memo: weakref.WeakKeyDictionary[Any, tuple[list[tuple[int, ...]], Node]] = \
+            weakref.WeakKeyDictionary()
         self.prompt_tokens = 0  # prefill tokens of admitted requests (the hit rate's base)
         self.cached_tokens = 0  # of them, served from the cache
 
@@ -50,8 +54,18 @@ class PrefixHits:
         return self.cache.match(req.token_ids(0, n * self.page_size), n)
 
     def rematch(self, req: Any) -> bool:
-        """Set a page-less request's hit (``kv_len = cached_len``); True if it changed."""
-        hit = len(self._match(req, max(req.prefill_target - 1, 0)).pages) * self.page_size
+        """Set a page-less request's hit (``kv_len = cached_len``); True if it changed. The
+        page keys and the last match are kept per request (``RadixCache.extend``): a refresh
+        after a change of the tree costs what changed, not the prompt."""
+        n = max(req.prefill_target - 1, 0) // self.page_size
+        memo = self._memo.get(req)
+        if memo is None or len(memo[0]) != n:  # new, or its tokens grew (retracted with output)
+            ps = self.page_size
+            tokens = req.token_ids(0, n * ps)
+            memo = ([tuple(tokens[i * ps: (i + 1) * ps]) for i in range(n)], self.cache.root)
+        node = self.cache.extend(memo[1], memo[0])
+        self._memo[req] = (memo[0], node)
+        hit = node.depth * self.page_size
         if hit == req.kv_len and hit == req.cached_len:
             return False
         req.kv_len = req.cached_len = hit

@@ -43,6 +43,7 @@ class Node:
     ref: int = 0
     last_use: int = 0
     depth: int = 0  # pages from the root to this node, inclusive
+    evicted: bool = False  # gone from the tree (a holder of a stale match sees it here)
 
 
 @dataclass
@@ -89,6 +90,20 @@ class RadixCache:
             pages.append(node.page)
             unlocked += node.ref == 0
         return Match(pages, node, unlocked)
+
+    def extend(self, node: Node, keys: Sequence[tuple[int, ...]]) -> Node:
+        """A match kept from before, brought up to date: back up from ``node`` past anything
+        evicted since (a parent outlives its children), then down along ``keys`` (the page
+        keys of the whole lookup, from the root) as far as the tree goes now. Costs the pages
+        that changed, not the prompt: the scheduler re-reads every waiting hit this way."""
+        while node.evicted:
+            node = node.parent  # type: ignore[assignment]
+        while node.depth < len(keys):
+            child = node.children.get(keys[node.depth])
+            if child is None:
+                break
+            node = child
+        return node
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: Node) -> None:
@@ -153,6 +168,7 @@ class RadixCache:
             parent = x.parent
             assert parent is not None
             del parent.children[x.key]
+            x.evicted = True
             freed.append(x.page)
             if parent is not self.root and not parent.children and parent.ref == 0:
                 heapq.heappush(heap, (parent.last_use, id(parent), parent))
