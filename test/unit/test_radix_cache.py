@@ -136,3 +136,17 @@ def test_extend_follows_evictions_and_insertions() -> None:
     cache.evict(2)  # the two deepest pages go (leaves first)
     assert cache.extend(node, keys).depth == 1
     assert cache.extend(node, keys) is cache.match([1, 2, 3, 4, 5, 6]).node
+
+
+def test_simulator_prefix_cache_is_the_radix_tree() -> None:
+    """sim/prefix_cache.py over hash_ids: bounded in blocks, leaves evicted first, hits capped
+    at prompt - 1 tokens."""
+    from sglang_pd.sim.prefix_cache import PrefixCache
+
+    pc = PrefixCache(capacity_tokens=3 * 512)
+    pc.insert([1, 2])
+    assert pc.match([1, 2, 9], 3 * 512) == 1024 and pc.match([1, 2], 1024) == 1023
+    pc.insert([1, 2, 3, 4])  # one block over: the prompt's own prefix stays, the tail is cut
+    assert len(pc) == 3 and pc.match([1, 2, 3, 4], 4 * 512) == 3 * 512
+    pc.insert([7])  # room is made by evicting the least recently used leaf (block 3), not block 1
+    assert pc.match([1, 2, 3], 3 * 512) == 1024 and pc.match([7], 600) == 512
