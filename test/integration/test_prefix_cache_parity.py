@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.control import handle_control
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.protocol import ControlReq, GenerateReq, SamplingParams
@@ -68,10 +69,10 @@ def _conversations(core: EngineCore | None, model_dir: str, news: list[list[list
     return turns
 
 
-def _core(model_dir: str, cache: bool, max_total_tokens: int = 16384) -> EngineCore:
+def _core(model_dir: str, cache: bool, max_total_tokens: int = 16384, mixed: bool = False) -> EngineCore:
     return EngineCore(ServerArgs(model_path=model_dir, page_size=PS, chunked_prefill_size=CHUNK,
                                  max_total_tokens=max_total_tokens, dtype="float32",
-                                 disable_radix_cache=not cache))
+                                 disable_radix_cache=not cache, enable_mixed_chunk=mixed))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -108,15 +109,17 @@ def test_multi_turn_cache_on_off_and_hf_agree(arch: str, tiny_model_factory) -> 
 
 def test_tight_pool_evicts_and_still_agrees(tiny_model_dir: str) -> None:
     """A pool about one turn's worth: admission evicts older conversations' KV, never a page in
-    use (check_integrity after every step), and outputs still equal the cache-off run."""
+    use (check_integrity after every step), and outputs still equal the cache-off run; with
+    mixed steps (decodes riding prefill chunks take their pages through eviction too)."""
     vocab = transformers.AutoConfig.from_pretrained(tiny_model_dir).vocab_size
     news = _turn_inputs(vocab, seed=2)
     off = _conversations(_core(tiny_model_dir, False, 2048), tiny_model_dir, news)
     longest = max(len(p) for p in off[-1][0]) + NEW
-    core = _core(tiny_model_dir, True, max_total_tokens=2 * longest)
+    core = _core(tiny_model_dir, True, max_total_tokens=2 * longest, mixed=True)
     on = _conversations(core, tiny_model_dir, news)
     for t in range(TURNS):
         assert on[t][1] == off[t][1], f"turn {t}"
     assert core.scheduler.hits is not None and core.scheduler.hits.cache.num_evicted > 0
+    assert any(p.mode is ForwardMode.MIXED for p in core.step_profiles)
     assert sum(on[1][2]) + sum(on[2][2]) > 0  # some hits survive eviction
     assert core.stats().num_cached_pages <= core.allocator.num_usable
