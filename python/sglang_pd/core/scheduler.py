@@ -12,7 +12,11 @@ prefill the policy ranks last gives its pages back first (a bounded number of ti
 request), then the newest running request is retracted (its pages freed, its tokens kept)
 and re-prefilled later (recomputation, as in vLLM/nano-vllm). PD requests whose KV is in flight
 are parked here with their pages, and pages a peer may still write sit in quarantine.
-Invariant: allocator.used == pages of waiting + running + parked requests + quarantined pages.
+With the prefix cache (``prefix_cache=True``, core/prefix_hits.py) a fresh request's cached
+prefix becomes its first pages (locked, shared with the tree), pages given up join the tree, and
+evictable tree pages count as free (``EvictingAllocator``: every allocation may evict).
+Invariant: allocator.used == pages requests hold alone (waiting + running + parked) +
+quarantined pages + pages of the prefix cache.
 Colocated step composition: prefill interleaves with running decodes by one rule,
 ``scheduling/colocated.py`` (a time budget per decode step), called from ``schedule``.
 """
