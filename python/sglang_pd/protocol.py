@@ -215,6 +215,11 @@ class EngineStats(msgspec.Struct):
     num_running_decode_tokens: int = 0  # KV tokens of the running (decoding) requests
     num_free_pages: int = 0
     num_total_pages: int = 0
+    # prefix cache (core/radix_cache.py): pages it holds (free pages exclude them), of them not
+    # used by any request, cached prompt tokens / prompt tokens of admitted requests (cumulative)
+    num_cached_pages: int = 0
+    num_evictable_pages: int = 0
+    cache_hit_rate: float = 0.0
     num_retractions_total: int = 0
     num_preempted_prefills_total: int = 0
     engine_stall_s: float = 0.0  # seconds queued work has made no progress (the watchdog's input)

@@ -75,6 +75,9 @@ class ServerArgs(PolicyConfig):
                                   help="largest decode batch captured in a CUDA graph (CUDA only)")
     # CUDA graphs run only on --device cuda with triton attention
     disable_cuda_graph: bool = flag(False, "--disable-cuda-graph", help="run every step eagerly on CUDA")
+    disable_radix_cache: bool = flag(
+        False, "--disable-radix-cache",
+        help="no prefix cache (core/radix_cache.py): every prompt is computed from its first token")
     short_prefill_buckets: str = flag(
         str(BucketGrid()), "--short-prefill-buckets",
         help="padded (tokens x batch) shapes of short-prefill steps, e.g. 64,128,256x1,2,4,8")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.page_allocator import CountingAllocator, PageAllocator
 from sglang_pd.core.pd_rules import decode_admits, whole_prompt_pages
 from sglang_pd.core.progress import MAX_PREFILL_PREEMPTIONS, pages_for
 from sglang_pd.core.scheduler import Scheduler
@@ -44,10 +44,26 @@ class Outcome:
     first_token: dict[str, float] = field(default_factory=dict)
 
 
-def build(prefill: str, decode: str, role: str, num_pages: int, **cfg_fields: object) -> Scheduler:
+def build(prefill: str, decode: str, role: str, num_pages: int, prefix_cache: bool = False,
+          **cfg_fields: object) -> Scheduler:
+    """``prefix_cache``: a radix cache over named pages (requests need ``token_ids``: TokenReq)."""
     cfg = PolicyConfig(role=role, **cfg_fields)  # type: ignore[arg-type]
-    return Scheduler(CountingAllocator(num_pages + 1), cfg, create_prefill_policy(prefill, cfg),
-                     create_decode_policy(decode, cfg), whole_prompt_pages=whole_prompt_pages(role))
+    alloc = PageAllocator(num_pages + 1) if prefix_cache else CountingAllocator(num_pages + 1)
+    return Scheduler(alloc, cfg, create_prefill_policy(prefill, cfg),
+                     create_decode_policy(decode, cfg), whole_prompt_pages=whole_prompt_pages(role),
+                     prefix_cache=prefix_cache)
+
+
+@dataclass(eq=False)
+class TokenReq(SimReq):
+    """A SimReq with tokens, for the prefix cache: token p of conversation ``conv`` is the same
+    in every request of it (prompt and output alike), so a later request of a conversation
+    extends an earlier one's prompt + output and hits its cached KV."""
+
+    conv: int = 0
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        return [self.conv * 100_000 + p for p in range(start, end)]
 
 
 def step_bound(reqs: list[SimReq], chunk: int) -> int:
@@ -178,7 +194,16 @@ def _check(sched: Scheduler, out: Outcome) -> None:
     for r in sched.running:
         assert len(r.pages) * ps >= r.kv_len, f"{r.rid}: KV {r.kv_len} beyond its pages"
     for r in sched.waiting:
-        assert len(r.pages) * ps >= r.kv_len, f"{r.rid}: KV {r.kv_len} beyond its pages"
+        if r.pages or sched.hits is None:
+            assert len(r.pages) * ps >= r.kv_len, f"{r.rid}: KV {r.kv_len} beyond its pages"
+        else:  # a prefix hit looked up, not locked yet (core/prefix_hits.py)
+            assert r.kv_len == r.cached_len and r.kv_len % ps == 0 and r.kv_len < r.prefill_target
+    if sched.hits is not None:  # no page in use is free or evicted
+        cached, free = set(sched.hits.cache.pages()), set(sched.base_allocator._free)  # type: ignore[attr-defined]
+        for r in sched.all_reqs():
+            k = sched.hits.shared(r)
+            assert set(r.pages[:k]) <= cached, f"{r.rid}: a locked prefix page left the cache"
+            assert not set(r.pages) & free, f"{r.rid}: holds a free page"
     if sched.whole_prompt_pages:
         assert sched.num_preempted_prefills == 0, "a PD prefill threw away a partial holding all its pages"
     out.preempted = sched.num_preempted_prefills

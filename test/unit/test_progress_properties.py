@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from progress_sim import build, drive
+from progress_sim import TokenReq, build, drive
 from sglang_pd.core.progress import MAX_PREFILL_PREEMPTIONS, pages_for
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.sim.request import SimReq
@@ -93,3 +93,45 @@ def run(prefill: str, decode: str, queues: str, role: str, wl: Workload) -> None
 @example(wl=DUAL_NO_SLOT)
 def test_scheduler_makes_progress(prefill: str, decode: str, queues: str, role: str, wl: Workload) -> None:
     run(prefill, decode, queues, role, wl)
+
+
+# ---- with the prefix cache (core/prefix_hits.py): requests of a few conversations whose tokens
+# agree position for position, so later requests hit what earlier ones left behind
+@st.composite
+def cached_workloads(draw: st.DrawFn) -> tuple[Workload, tuple[int, ...]]:
+    wl = draw(workloads())
+    return wl, tuple(draw(st.integers(0, 2)) for _ in wl[0])
+
+
+def run_cached(prefill: str, decode: str, role: str, wl: Workload, convs: tuple[int, ...]) -> list[TokenReq]:
+    specs, pool, cfg = wl
+    sched = build(prefill, decode, role, pool, prefix_cache=True, **cfg)
+    reqs = [TokenReq(f"r{i}", a / 1e3, p, o, slo_ttft_s=ttft, slo_tpot_s=tpot, conv=c)
+            for i, ((a, p, o, ttft, tpot), c) in enumerate(zip(specs, convs))]
+    out = drive(sched, reqs, role)  # conservation (cached pages counted), locked pages kept
+    ps = cfg["page_size"]
+    for r in reqs:
+        if r.rid in out.aborted:
+            assert pages_for(r.prompt_len + r.output_len, ps) > pool, (r.rid, out.aborted[r.rid])
+    assert sched.hits is not None
+    assert sched.hits.cache.flush() >= 0 and sched.base_allocator.num_free == sched.base_allocator.num_usable
+    return reqs
+
+
+@pytest.mark.parametrize("role", ["colocated", "prefill"])
+@pytest.mark.parametrize("prefill", ["fcfs", "sjf", "kairos+", "lars"])
+@settings(PROFILE)
+@given(case=cached_workloads())
+def test_scheduler_with_prefix_cache_conserves_pages(prefill: str, role: str,
+                                                     case: tuple[Workload, tuple[int, ...]]) -> None:
+    run_cached(prefill, "continuous", role, *case)
+
+
+def test_prefix_cache_hits_under_a_tight_pool() -> None:
+    """One conversation's growing requests in a pool that holds about two of them: later ones
+    hit (cached_len > 0), eviction makes room, every page is accounted for after every step."""
+    specs = tuple((40 * i, 100 + 60 * i, 8, None, None) for i in range(6))
+    wl: Workload = (specs, 60, dict(page_size=4, chunked_prefill_size=64, max_prefill_tokens=128,
+                                    max_running_requests=8, prefill_max_partial=2))
+    reqs = run_cached("fcfs", "continuous", "colocated", wl, (0,) * len(specs))
+    assert sum(r.cached_len > 0 for r in reqs[1:]) >= 3

@@ -20,8 +20,9 @@ def _prefills(*roles: str, **kw) -> list[WorkerView]:
     return [WorkerView(f"http://p{i}", "prefill", role, **kw) for i, role in enumerate(roles)]
 
 
-def test_registry_knows_the_four_and_refuses_others() -> None:
-    assert {"random", "round_robin", "power_of_two", "length_aware", "length_aware_spill"} <= set(ROUTING_POLICIES)
+def test_registry_knows_the_policies_and_refuses_others() -> None:
+    assert set(ROUTING_POLICIES) == {"random", "round_robin", "power_of_two", "length_aware",
+                                     "length_aware_spill", "cache_aware"}
     for name in ROUTING_POLICIES:
         assert create_routing_policy(name).name == name
     with pytest.raises(ValueError, match=r"unknown routing policy 'nope'.*length_aware"):

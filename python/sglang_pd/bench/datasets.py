@@ -33,6 +33,9 @@ class WorkItem:
     input_len: int  # prompt tokens wanted
     output_len: int  # tokens to generate (sent as max_new_tokens / max_tokens)
     arrival_s: float | None = None  # trace arrival time in seconds; None: use the arrival process
+    # Mooncake prefix-block ids (512 tokens each): native prompts are built from them, one
+    # deterministic block per id, so requests sharing ids share prefixes (real cache hits)
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,12 +108,13 @@ def _trace_items(spec: DatasetSpec, rng: np.random.Generator) -> list[WorkItem]:
         recs = load_trace(source, limit=spec.num_prompts)
         keep_times = not spec.ignore_trace_times
         return [
-            WorkItem(r.input_len, r.output_len, r.arrival_s if keep_times else None) for r in recs
+            WorkItem(r.input_len, r.output_len, r.arrival_s if keep_times else None, r.hash_ids)
+            for r in recs
         ]
     # Length-only set: sample N rows with the seed (without replacement when there are enough).
     recs = load_trace(source)
     idx = rng.choice(len(recs), size=spec.num_prompts, replace=spec.num_prompts > len(recs))
-    return [WorkItem(recs[i].input_len, recs[i].output_len) for i in idx]
+    return [WorkItem(recs[i].input_len, recs[i].output_len, None, recs[i].hash_ids) for i in idx]
 
 
 def build_items(spec: DatasetSpec) -> list[WorkItem]:
@@ -135,7 +139,7 @@ def clamp(item: WorkItem, max_in: int | None, max_out: int | None) -> WorkItem:
     """Clamp lengths so long traces fit a small model's context (and stay >= 1 token)."""
     inp = item.input_len if max_in is None else min(item.input_len, max_in)
     out = item.output_len if max_out is None else min(item.output_len, max_out)
-    return WorkItem(max(inp, 1), max(out, 1), item.arrival_s)
+    return WorkItem(max(inp, 1), max(out, 1), item.arrival_s, item.hash_ids)
 
 
 def arrival_times(

@@ -81,6 +81,17 @@ class PromptFactory:
         """``n`` random non-special token ids."""
         return self.rng.choice(self.ids, size=n).tolist()
 
+    def block_ids(self, hash_ids: tuple[int, ...], n: int, block: int = 512) -> list[int]:
+        """``n`` token ids made of one fixed block per Mooncake hash id (the block drawn from a
+        generator seeded by the id alone: equal ids, equal blocks, in any request or run), cut
+        at ``n``; random ids past the last block."""
+        out: list[int] = []
+        for h in hash_ids:
+            if len(out) >= n:
+                break
+            out += np.random.default_rng(h).choice(self.ids, size=block).tolist()
+        return out[:n] if len(out) >= n else out + self.token_ids(n - len(out))
+
     # ---- text backends --------------------------------------------------------------------
     def _clean_ids(self) -> np.ndarray:
         # Ids whose decoded piece is non-blank printable text: byte fragments ("\ufffd") and

@@ -63,7 +63,8 @@ def build_sessions(
         for i in range(start, min(start + multi_turn, len(items))):
             it = items[i]
             if native:
-                prompt: list[int] | str = factory.token_ids(it.input_len)
+                prompt: list[int] | str = (factory.block_ids(it.hash_ids, it.input_len) if it.hash_ids
+                                           else factory.token_ids(it.input_len))
                 n = it.input_len
             else:
                 prompt, n = factory.text(it.input_len)

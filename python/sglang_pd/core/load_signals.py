@@ -8,8 +8,8 @@ SLO deviation per class over recent first tokens, and the share of wall time spe
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from sglang_pd_router.request_class import REQUEST_CLASSES, classify
 

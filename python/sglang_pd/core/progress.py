@@ -31,8 +31,8 @@ an idle engine with queued work always schedules something or aborts a request w
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 MAX_PREFILL_PREEMPTIONS = 2  # times one request's partial prefill may be thrown away
 

@@ -12,19 +12,25 @@ prefill the policy ranks last gives its pages back first (a bounded number of ti
 request), then the newest running request is retracted (its pages freed, its tokens kept)
 and re-prefilled later (recomputation, as in vLLM/nano-vllm). PD requests whose KV is in flight
 are parked here with their pages, and pages a peer may still write sit in quarantine.
-Invariant: allocator.used == pages of waiting + running + parked requests + quarantined pages.
+With the prefix cache (``prefix_cache=True``, core/prefix_hits.py) a fresh request's cached
+prefix becomes its first pages (locked, shared with the tree), pages given up join the tree, and
+evictable tree pages count as free (``EvictingAllocator``: every allocation may evict).
+Invariant: allocator.used == pages requests hold alone (waiting + running + parked) +
+quarantined pages + pages of the prefix cache.
 Colocated step composition: prefill interleaves with running decodes by one rule,
 ``scheduling/colocated.py`` (a time budget per decode step), called from ``schedule``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import Sequence
 
 from sglang_pd.core.page_allocator import Allocator
+from sglang_pd.core.prefix_hits import PrefixHits
 from sglang_pd.core.progress import pick_victim, remaining_pages, reserved_pages
+from sglang_pd.core.radix_cache import EvictingAllocator, Match, RadixCache
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile, StepShape
 from sglang_pd.scheduling.colocated import ColocatedInterleave
 from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
@@ -78,10 +84,12 @@ class PageAdmission:
     """KVAdmission over the page allocator: grants allocate immediately. A fresh prefill (no
     pages yet) is admitted only when its whole prompt fits beside ``reserve``, the pages the
     started prefills still need (progress rule 1, core/progress.py); ``refused`` records
-    that some grant was refused this step (rule 2)."""
+    that some grant was refused this step (rule 2). With a prefix cache (``hits``) a fresh
+    request's hit (its ``kv_len``) is locked and becomes its first pages; only the rest is
+    allocated, and the hit's evictable pages do not count as free for it (core/prefix_hits.py)."""
 
     def __init__(self, allocator: Allocator, page_size: int, headroom_pages: int,
-                 whole_prompt: bool = False, reserve_pages: int = 0) -> None:
+                 whole_prompt: bool = False, reserve_pages: int = 0, hits: PrefixHits | None = None) -> None:
         self.allocator = allocator
         self.page_size = page_size
         self.headroom = headroom_pages
@@ -90,52 +98,97 @@ class PageAdmission:
         self.whole_prompt = whole_prompt
         self.reserve = reserve_pages
         self.refused = False
+        self.hits = hits
+        self._claim: tuple[object, Match | None] | None = None  # can_admit's match, for admit
 
     def pages_needed(self, req: SchedulerReq, new_tokens: int) -> int:
         tokens = req.prefill_target if self.whole_prompt else req.kv_len + new_tokens
-        return max(-(-tokens // self.page_size) - len(req.pages), 0)
+        held = len(req.pages) or (req.kv_len // self.page_size if self.hits is not None else 0)
+        return max(-(-tokens // self.page_size) - held, 0)
 
-    def _fits(self, req: SchedulerReq, need: int) -> bool:
-        free = self.allocator.num_free - self.headroom
+    def _check(self, req: SchedulerReq, new_tokens: int) -> tuple[int, Match | None] | None:
+        """(pages to allocate, the hit to lock) if the grant fits, else None."""
+        m: Match | None = None
+        unlocked = 0
+        if self.hits is not None and not req.pages and req.kv_len:
+            m = self.hits.claim(req)
+            if m is None:
+                return None  # its hit was evicted this step: refused, re-read next step
+            unlocked = m.unlocked
+        need = self.pages_needed(req, new_tokens)
+        free = self.allocator.num_free - self.headroom - unlocked
         if req.pages or self.whole_prompt:
-            return need <= free  # a started prefill draws on its own reservation
-        return -(-req.prefill_target // self.page_size) + self.reserve <= free
+            ok = need <= free  # a started prefill draws on its own reservation
+        else:
+            held = len(m.pages) if m is not None else 0
+            ok = -(-req.prefill_target // self.page_size) - held + self.reserve <= free
+        return (need, m) if ok else None
 
-    def _took(self, req: SchedulerReq, need: int, fresh: bool) -> None:
-        """Keep ``reserve`` right: a fresh one's remainder joins it, a started one's chunk
-        comes out of it."""
+    def _take(self, req: SchedulerReq, need: int, m: Match | None) -> None:
+        """Allocate; keep ``reserve`` right: a fresh one's remainder joins it, a started one's
+        chunk comes out of it."""
+        fresh = not req.pages
+        if fresh and self.hits is not None:
+            self.hits.start(req, m)
+        req.pages.extend(self.allocator.alloc(need))
         if not self.whole_prompt:
             self.reserve += remaining_pages(req, self.page_size) if fresh else -need
 
     def can_admit(self, req: SchedulerReq, new_tokens: int) -> bool:
-        ok = self._fits(req, self.pages_needed(req, new_tokens))
-        self.refused |= not ok
-        return ok
+        c = self._check(req, new_tokens)
+        self.refused |= c is None
+        self._claim = (req, c[1]) if c is not None else None
+        return c is not None
 
     def admit(self, req: SchedulerReq, new_tokens: int) -> None:
-        need, fresh = self.pages_needed(req, new_tokens), not req.pages
-        req.pages.extend(self.allocator.alloc(need))
-        self._took(req, need, fresh)
+        m = self._claim[1] if self._claim is not None and self._claim[0] is req else None
+        if m is None and self.hits is not None and not req.pages and req.kv_len:
+            m = self.hits.claim(req)
+        self._claim = None
+        self._take(req, self.pages_needed(req, new_tokens), m)
 
     def admit_run(self, reqs: Sequence[SchedulerReq], new_tokens: Sequence[int]) -> int:
         """``can_admit`` then ``admit`` for each in order up to the first refusal (one call for
         a whole plan: the prefill walk's ``PrefillBudget.grant_run``); how many were admitted."""
+        if self.hits is None:
+            return self._admit_run_plain(reqs, new_tokens)
+        for k, (req, n) in enumerate(zip(reqs, new_tokens)):
+            c = self._check(req, n)
+            if c is None:
+                self.refused = True
+                return k
+            self._take(req, *c)
+        return len(reqs)
+
+    def _admit_run_plain(self, reqs: Sequence[SchedulerReq], new_tokens: Sequence[int]) -> int:
+        """``admit_run`` without a prefix cache, inlined (it runs for every plan)."""
         alloc, ps, whole = self.allocator, self.page_size, self.whole_prompt
         for k, (req, n) in enumerate(zip(reqs, new_tokens)):
             tokens = req.prefill_target if whole else req.kv_len + n
             need = max(-(-tokens // ps) - len(req.pages), 0)
-            if not self._fits(req, need):
+            free = alloc.num_free - self.headroom
+            fresh = not req.pages
+            if not (need <= free if not fresh or whole else -(-req.prefill_target // ps) + self.reserve <= free):
                 self.refused = True
                 return k
-            fresh = not req.pages
             req.pages.extend(alloc.alloc(need))
-            self._took(req, need, fresh)
+            if not whole:
+                self.reserve += remaining_pages(req, ps) if fresh else -need
         return len(reqs)
 
 
 class Scheduler:
     def __init__(self, allocator: Allocator, cfg: PolicyConfig, prefill_policy: PrefillPolicy,
-                 decode_policy: DecodePolicy, whole_prompt_pages: bool = False) -> None:
+                 decode_policy: DecodePolicy, whole_prompt_pages: bool = False,
+                 prefix_cache: bool = False) -> None:
+        # with a prefix cache (core/prefix_hits.py) the scheduler sees evictable cached pages as
+        # free (EvictingAllocator); ``base_allocator`` is the allocator itself
+        self.base_allocator = allocator
+        self.hits: PrefixHits | None = None
+        if prefix_cache:
+            cache = RadixCache(cfg.page_size, allocator)
+            self.hits = PrefixHits(cache, allocator)
+            allocator = EvictingAllocator(allocator, cache)
         self.allocator = allocator
         self.cfg = cfg
         self.page_size = cfg.page_size
@@ -178,6 +231,8 @@ class Scheduler:
 
     def add(self, req: SchedulerReq) -> None:
         req.state = ReqState.WAITING
+        if self.hits is not None and not req.pages:
+            self.hits.rematch(req)  # its prefix hit, looked up (locked only at admission)
         # arrival order; retracted requests go back in front of later arrivals
         self.waiting.add(req)
 
@@ -200,10 +255,17 @@ class Scheduler:
         self.last_rank.pop(req, None)
 
     def release(self, req: SchedulerReq) -> None:
-        if req.pages:
+        """``req`` gives its pages up (its computed KV joins the prefix cache, if any)."""
+        if self.hits is not None:
+            self.hits.release(req)
+        elif req.pages:
             self.allocator.free(req.pages)
             req.pages = []
         req.kv_len = 0
+
+    def flush_cache(self) -> int:
+        """Empty the prefix cache of everything no request uses; pages freed."""
+        return self.hits.cache.flush() if self.hits is not None else 0
 
     # ------------------------------------------------------------------ PD parking
     def park(self, req: SchedulerReq, num_pages: int = 0) -> None:
@@ -234,9 +296,10 @@ class Scheduler:
     def quarantine_pages(self, key: object, req: SchedulerReq) -> None:
         """Take ``req``'s pages away from it but keep them allocated until ``release_quarantine``:
         a failed or aborted transfer's peer may still be writing into them."""
-        if req.pages:
-            self.quarantine.setdefault(key, []).extend(req.pages)
-            req.pages = []
+        pages = self.hits.own_pages(req) if self.hits is not None else req.pages
+        req.pages = []
+        if pages:
+            self.quarantine.setdefault(key, []).extend(pages)
 
     def release_quarantine(self, key: object) -> None:
         pages = self.quarantine.pop(key, None)
@@ -264,10 +327,13 @@ class Scheduler:
     def check_integrity(self) -> None:
         self.allocator.check_integrity()
         self.waiting.check()
-        held = sum(len(r.pages) for r in self.all_reqs()) + sum(map(len, self.quarantine.values()))
-        if held != self.allocator.num_used:
-            raise RuntimeError(f"pages held by requests and quarantine ({held}) != pages in use "
-                               f"({self.allocator.num_used})")
+        hits = self.hits
+        held = sum(len(r.pages) - (hits.shared(r) if hits else 0) for r in self.all_reqs())
+        held += sum(map(len, self.quarantine.values()))
+        cached = hits.cache.num_pages if hits is not None else 0
+        if held + cached != self.base_allocator.num_used:
+            raise RuntimeError(f"pages held by requests and quarantine ({held}) + cached ({cached}) "
+                               f"!= pages in use ({self.base_allocator.num_used})")
 
     # ------------------------------------------------------------------ steps
     def schedule(self, now: float) -> ScheduledStep | None:
@@ -276,6 +342,9 @@ class Scheduler:
         lace = self.interleave if self.running else None
         decode_first = lace is not None and lace.decode_turn(self._decodes_waited)
         self._decodes_waited = False
+        if self.hits is not None and self.hits.stale():  # the tree changed: hits looked up again
+            for r in self.hits.refresh(self.waiting):
+                self.waiting.refresh(r)
         if decode_first:
             step = self._decode_step(now)
             if step is not None:
@@ -288,7 +357,8 @@ class Scheduler:
                 tokens, chunk = min(tokens, cap), min(chunk, cap)
             kv = PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
                                whole_prompt=self.whole_prompt_pages,
-                               reserve_pages=0 if self.whole_prompt_pages else reserved_pages(started, self.page_size))
+                               reserve_pages=0 if self.whole_prompt_pages else reserved_pages(started, self.page_size),
+                               hits=self.hits)
             budget = PrefillBudget(
                 token_budget=tokens,
                 chunk_size=chunk,
@@ -395,6 +465,8 @@ class Scheduler:
         """A waiting request gives back the pages of its partial prefill (recomputed later)."""
         self.num_preempted_prefill_tokens += req.kv_len
         self.release(req)
+        if self.hits is not None:
+            self.hits.rematch(req)  # what it computed may be cached now
         self.waiting.refresh(req)
         self.num_preempted_prefills += 1
         self.prefill_preemptions[req] = self.prefill_preemptions.get(req, 0) + 1

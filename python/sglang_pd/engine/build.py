@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sglang_pd.core.page_allocator import PageAllocator
+from sglang_pd.core.page_allocator import Allocator, PageAllocator
 from sglang_pd.core.pd_rules import whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.engine.admission import Limits
@@ -51,7 +51,7 @@ class EngineParts:
     config: ModelConfig
     context_length: int
     kv_pool: KVPool
-    allocator: PageAllocator
+    allocator: Allocator  # the scheduler's view: with a prefix cache, evictable pages count as free
     max_total_num_tokens: int
     runner: ModelRunner
     policy_config: PolicyConfig
@@ -114,6 +114,8 @@ def build_engine(args: ServerArgs) -> EngineParts:
         allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
         create_decode_policy(args.decode_policy, cfg_p),
         whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # core/pd_rules.py
+        # prefix cache (core/prefix_hits.py); a decode server's KV arrives whole from prefill
+        prefix_cache=not args.disable_radix_cache and args.disaggregation_mode != "decode",
     )
     stop_checker = StopChecker(None if args.skip_tokenizer_init else args.tokenizer_dir,
                                list(cfg.eos_token_ids), context_length)
@@ -122,5 +124,5 @@ def build_engine(args: ServerArgs) -> EngineParts:
                          args.num_reserved_decode_tokens, args.max_running_requests)
     logger.info("engine ready: %s, %d KV pages x %d tokens, dtype %s", cfg.architecture,
                 num_pages - 1, args.page_size, dtype)
-    return EngineParts(model, cfg, context_length, kv_pool, allocator, max_total_num_tokens, runner,
+    return EngineParts(model, cfg, context_length, kv_pool, scheduler.allocator, max_total_num_tokens, runner,
                        cfg_p, scheduler, stop_checker, pd)

@@ -47,9 +47,11 @@ def _set_prefill_role(core: EngineCore, msg: SetPrefillRole) -> ControlResp:
 
 
 def _flush_cache(core: EngineCore, msg: FlushCache) -> ControlResp:
-    # no prefix cache yet: flushing succeeds when idle, as in SGLang
+    # as in SGLang: only when idle; frees every cached page no request uses
     ok = not core.has_work
-    return ControlResp(msg.call_id, ok, {}, "" if ok else "cannot flush while requests run")
+    freed = core.scheduler.flush_cache() if ok else 0
+    return ControlResp(msg.call_id, ok, {"num_freed_pages": freed},
+                       "" if ok else "cannot flush while requests run")
 
 
 def _check_integrity(core: EngineCore, msg: CheckIntegrity) -> ControlResp:

@@ -12,7 +12,8 @@ def req_output(req: Req, status: int = 0) -> ReqOutput:
     new = req.output_ids[req.sent_len:]
     req.sent_len = len(req.output_ids)
     out = ReqOutput(rid=req.rid, new_token_ids=new, prompt_tokens=req.prompt_len,
-                    completion_tokens=len(req.output_ids), finish_reason=req.finish_reason,
+                    completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
+                    finish_reason=req.finish_reason,
                     error_status=status)
     if req.return_logprob:
         out.output_token_logprobs = [TokenLogprob(lp, t) for lp, t in req.pending_logprobs]

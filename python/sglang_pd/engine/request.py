@@ -34,6 +34,8 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     kv_len: int = 0
+    # prefix-cache hit (whole pages): looked up while waiting, locked at admission (core/prefix_hits.py)
+    cached_len: int = 0
     state: ReqState = ReqState.WAITING
     first_token_time: float | None = None
     finish_reason: dict | None = None
@@ -74,10 +76,6 @@ class Req:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
-
-    @property
-    def cached_len(self) -> int:
-        return 0
 
     @property
     def prefilled_len(self) -> int:

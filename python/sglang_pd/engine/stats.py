@@ -78,7 +78,7 @@ class EngineCounters:
         """Load signals; ``step_samples``: also the steps since the last such call (only the
         engine loop's periodic stats message asks, so /get_load never consumes them)."""
         used = sched.num_used_tokens
-        allocator = sched.allocator
+        allocator, hits = sched.allocator, sched.hits
         return EngineStats(
             num_running_reqs=len(sched.running), num_queue_reqs=len(sched.waiting),
             token_usage=used / max_total_num_tokens, gen_throughput=self.gen_throughput(now),
@@ -86,6 +86,9 @@ class EngineCounters:
             num_queue_prefill_tokens=sum(r.prefill_remaining for r in sched.waiting),
             num_running_decode_tokens=sum(r.kv_len for r in sched.running),
             num_free_pages=allocator.num_free, num_total_pages=allocator.num_usable,
+            num_cached_pages=hits.cache.num_pages if hits else 0,  # prefix cache (core/prefix_hits.py)
+            num_evictable_pages=hits.cache.evictable if hits else 0,
+            cache_hit_rate=hits.hit_rate if hits else 0.0,
             num_retractions_total=sched.num_retractions,
             num_preempted_prefills_total=sched.num_preempted_prefills,
             engine_stall_s=now - self.stalled_since if self.stalled_since is not None else 0.0,

@@ -181,7 +181,9 @@ class Cluster:
             v.token_usage = inst.token_usage()
             v.prefill_role = self._prole(inst) if v.kind == "prefill" else v.prefill_role
         cls = classify(a.prompt_len - a.cached_len, self.spec.routing.short_prefill_threshold)
-        i = policy.select(RouteRequest(a.prompt_len, a.cached_len, self.spec.cfg.slo_ttft_s, cls), views, self.now)
+        # Mooncake hash_ids are the prompt's blocks: what cache_aware routing matches
+        i = policy.select(RouteRequest(a.prompt_len, a.cached_len, self.spec.cfg.slo_ttft_s, cls,
+                                       prefix_blocks=a.hash_ids), views, self.now)
         if i is None:
             raise RuntimeError(f"routing policy {policy.name!r} chose no instance for a request")
         return insts[i]

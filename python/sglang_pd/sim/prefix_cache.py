@@ -1,15 +1,21 @@
 """A prefill instance's prefix cache over Mooncake's ``hash_ids`` (one id per 512-token block;
 a block id is a hash of the block and everything before it, so equal ids mean equal prefixes).
 
-LRU over blocks, bounded in tokens. A request hits its longest run of leading blocks held
-here; the hit sets ``cached_len`` (at most prompt - 1 tokens: the last token is always computed,
-as in radix caches). Blocks are inserted when the request's prefill has finished.
+The engine's radix tree (``core/radix_cache.py``) with one node per block (its "tokens" are the
+block ids, one per page) and a pool of ``capacity_tokens / block_tokens`` block pages: the same
+structure and eviction (least recently used leaves first) as the engine, bounded in tokens. A
+request hits its longest run of leading blocks held here; the hit sets ``cached_len`` (at most
+prompt - 1 tokens: the last token is always computed, as in radix caches). Blocks are inserted
+when the request's prefill has finished. The cache is the simulator's own capacity, beside
+the instance's KV pool (no request locks its blocks), as before.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
+
+from sglang_pd.core.page_allocator import PageAllocator
+from sglang_pd.core.radix_cache import RadixCache
 
 BLOCK_TOKENS = 512  # Mooncake's block size
 
@@ -21,36 +27,39 @@ class PrefixCache:
                              f"{capacity_tokens}, {block_tokens}")
         self.block_tokens = block_tokens
         self.capacity_blocks = capacity_tokens // block_tokens
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._pages = PageAllocator(self.capacity_blocks + 1)  # one named page per block
+        self._tree = RadixCache(1, self._pages)
         self.hit_tokens = 0
         self.lookup_tokens = 0
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return self._tree.num_pages
 
     def match(self, hash_ids: Sequence[int], prompt_len: int) -> int:
         """Cached tokens of this prompt (leading blocks held), touching them as recently used."""
-        n = 0
-        blocks = self._blocks
-        for h in hash_ids:
-            if h not in blocks:
-                break
-            blocks.move_to_end(h)
-            n += 1
-        hit = min(n * self.block_tokens, max(prompt_len - 1, 0))
+        m = self._tree.match(hash_ids)
+        if m.pages:  # a use: lock and unlock marks the path recently used
+            self._tree.lock(m.node)
+            self._tree.unlock(m.node)
+        hit = min(len(m.pages) * self.block_tokens, max(prompt_len - 1, 0))
         self.hit_tokens += hit
         self.lookup_tokens += prompt_len
         return hit
 
     def insert(self, hash_ids: Sequence[int]) -> None:
-        if not self.capacity_blocks:
+        """Hold the prompt's blocks, evicting least recently used leaves (never the prompt's own
+        cached prefix) for the new ones; as many leading blocks as fit."""
+        if not self.capacity_blocks or not hash_ids:
             return
-        blocks = self._blocks
-        for h in hash_ids:
-            blocks[h] = None
-            blocks.move_to_end(h)
-        while len(blocks) > self.capacity_blocks:
-            blocks.popitem(last=False)
+        tree, pages = self._tree, self._pages
+        m = tree.match(hash_ids)
+        tree.lock(m.node)  # the prefix it extends stays while room is made
+        new = len(hash_ids) - len(m.pages)
+        if new > pages.num_free:
+            tree.evict(new - pages.num_free)
+        new = min(new, pages.num_free)
+        tree.insert(hash_ids[: len(m.pages) + new], m.pages + pages.alloc(new))
+        tree.unlock(m.node)
 
     @property
     def hit_rate(self) -> float:

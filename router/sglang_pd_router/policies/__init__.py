@@ -14,6 +14,7 @@ from .base import (
     predicted_queue_s,
     request_class_of,
 )
+from .cache_aware import CacheAwarePolicy
 from .length_aware import LengthAwarePolicy
 from .length_aware_spill import LengthAwareSpillPolicy
 from .power_of_two import PowerOfTwoPolicy
@@ -26,6 +27,7 @@ ROUTING_POLICIES: dict[str, type[RoutingPolicy]] = {
     "power_of_two": PowerOfTwoPolicy,
     "length_aware": LengthAwarePolicy,
     "length_aware_spill": LengthAwareSpillPolicy,  # ours: idle short instances take longs
+    "cache_aware": CacheAwarePolicy,  # length_aware's pools, cost net of expected prefix hits
 }
 
 

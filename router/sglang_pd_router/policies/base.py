@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from ..request_class import SHORT_PREFILL_THRESHOLD, classify
 
@@ -23,6 +23,9 @@ class RouteRequest:
     cached_len: int = 0
     slo_ttft_s: float | None = None
     request_class: str = ""  # "short" | "long" once classified ("" = unclassified)
+    # the prompt in blocks (cache_aware.prefix_blocks; Mooncake hash_ids in the simulator): what
+    # the cache-aware policy matches against what it routed before; () = unknown
+    prefix_blocks: Sequence[Hashable] = ()
 
 
 @dataclass
