@@ -13,7 +13,7 @@ import torch
 from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.control import handle_control
 from sglang_pd.engine.engine_core import EngineCore
-from sglang_pd.protocol import ControlReq, GenerateReq, SamplingParams
+from sglang_pd.protocol import FlushCache, GenerateReq, SamplingParams
 from sglang_pd.server_args import ServerArgs
 
 transformers = pytest.importorskip("transformers")
@@ -100,7 +100,7 @@ def test_multi_turn_cache_on_off_and_hf_agree(arch: str, tiny_model_factory) -> 
     assert off_core.stats().num_cached_pages == 0
     # idle: every page is free or evictable; /flush_cache empties the tree
     assert on_core.allocator.num_free == on_core.allocator.num_usable
-    resp = handle_control(on_core, ControlReq(call_id=1, method="flush_cache", args={}))
+    resp = handle_control(on_core, FlushCache(call_id=1))
     assert resp.ok and resp.result["num_freed_pages"] == stats.num_cached_pages
     assert on_core.stats().num_cached_pages == 0
     assert on_core.scheduler.base_allocator.num_free == on_core.allocator.num_usable

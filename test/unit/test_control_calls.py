@@ -57,7 +57,7 @@ class _Core:
         self.has_work = busy
         self.max_total_num_tokens = 4096
         self.allocator = SimpleNamespace(num_free=200, num_usable=256)
-        self.scheduler = SimpleNamespace(num_retractions=3)
+        self.scheduler = SimpleNamespace(num_retractions=3, flush_cache=lambda: 5)
         self.roles: list[str] = []
         self.integrity_error = ""
 
@@ -90,7 +90,8 @@ def test_engine_dispatches_on_the_call_type() -> None:
     assert handle_control(core, CheckIntegrity(call_id=11)).result == {"num_free_pages": 200}
     core.integrity_error = "page 4 twice"
     assert handle_control(core, CheckIntegrity(call_id=12)).error == "page 4 twice"
-    assert handle_control(core, FlushCache(call_id=13)).ok
+    flushed = handle_control(core, FlushCache(call_id=13))
+    assert flushed.ok and flushed.result == {"num_freed_pages": 5}  # the cache's unused pages
     assert not handle_control(_Core(busy=True), FlushCache(call_id=14)).ok  # type: ignore[arg-type]
     # the loop owns Shutdown; handed here, it is refused by name rather than half-done
     down = handle_control(core, Shutdown(call_id=15))
