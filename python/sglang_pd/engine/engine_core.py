@@ -36,6 +36,7 @@ from sglang_pd.engine.sampler import sample
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.engine.warmup import warm_up
 from sglang_pd.models.loader import load_model
+from sglang_pd.models.parallel import TPGroup, local_kv_heads
 from sglang_pd.protocol import (
     EngineReady, EngineStats, GenerateReq, ReqOutput, StepSamples, TokenLogprob,
 )
@@ -57,15 +58,17 @@ def cpu_aware_dtype(name: str, device: str) -> str:
 
 
 class EngineCore:
-    def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.monotonic,
+                 tp: TPGroup | None = None) -> None:
         self.args = args
         self.clock = clock
         if args.device == "cpu":
             tune_allocator()
         torch.manual_seed(args.random_seed)
         self.model, self.config = load_model(args.model_path, cpu_aware_dtype(args.dtype, args.device),
-                                             args.device, args.load_format)
+                                             args.device, args.load_format, tp)
         cfg = self.config
+        kv_heads = local_kv_heads(cfg, tp or TPGroup.single())  # this rank's (engine/tp/)
         dtype = next(self.model.parameters()).dtype
         self.context_length = args.context_length or cfg.max_position_embeddings
         self.vocab_size = cfg.vocab_size
@@ -82,17 +85,19 @@ class EngineCore:
         num_pages = pool_pages(
             max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
             device=args.device, page_size=args.page_size,
-            bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype),
+            bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype),
             reserved_bytes=graph_reserve,  # graphs are captured after the pool: kept out before it
         )
-        self.kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim,
+        self.kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim,
                               dtype, args.device)
         self.allocator = PageAllocator(num_pages)
         self.max_total_num_tokens = self.allocator.num_usable * args.page_size
         self.runner = ModelRunner(self.model, self.kv_pool, attention, cuda_graph_max_bs=graph_bs,
                                   max_positions=cfg.max_position_embeddings,
                                   graph_reserved_bytes=graph_reserve, prefill_graph_grid=prefill_grid)
-        if args.device.startswith("cuda"):  # compile every kernel variant now, not in a request
+        # compile every kernel variant now, not in a request (not with TP: warm-up forwards
+        # bypass the plan the other ranks follow)
+        if args.device.startswith("cuda") and tp is None:
             warm_up(self.runner, min(self.context_length, cfg.max_position_embeddings,
                                      self.max_total_num_tokens))
         self.page_size = args.page_size
