@@ -109,9 +109,9 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
             if os.getppid() != parent:
                 logger.warning("frontend process is gone; engine exiting")
                 return
-            dead = tp.dead_rank() if tp is not None else None
-            if dead is not None:  # its peers cannot compute without it: the server goes down
-                logger.error("tensor-parallel rank %d died; engine exiting", dead)
+            failure = tp.failure() if tp is not None else None
+            if failure is not None:  # the ranks cannot compute apart: the server goes down
+                logger.error("%s; engine exiting", failure)
                 return
 
 

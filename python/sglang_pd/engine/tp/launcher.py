@@ -82,6 +82,9 @@ class TPRanks:
     ready_timeout_s: float = 1800.0
     threads_before: int = 0  # rank 0's torch threads before sharing the cores (restored at close)
     stats: PlanStats = field(default_factory=PlanStats)
+    # a forward failed on rank 0: the ranks may be inside a collective rank 0 left, so the
+    # group is out of step for good and the engine must exit (engine_process polls this)
+    broken: bool = False
     _closed: bool = False
 
     # ------------------------------------------------------------------ start-up
@@ -129,6 +132,16 @@ class TPRanks:
             sock.send(encode(TPInit(num_pages)))
         self._wait_all("ready", self.ready_timeout_s)
         runner.step_sink = self.send  # type: ignore[attr-defined]
+        forward = runner.forward  # type: ignore[attr-defined]
+
+        def guarded(batch: object) -> object:
+            try:
+                return forward(batch)
+            except BaseException:
+                self.broken = True
+                raise
+
+        runner.forward = guarded  # type: ignore[attr-defined]
 
     def _wait_all(self, stage: str, timeout_s: float) -> None:
         waiting = set(self.procs)
@@ -162,6 +175,13 @@ class TPRanks:
     def dead_rank(self) -> int | None:
         """A rank whose process has exited, if any."""
         return next((r for r, p in self.procs.items() if p.poll() is not None), None)
+
+    def failure(self) -> str | None:
+        """Why the server cannot go on (a rank died, or a forward failed on rank 0), or None."""
+        dead = self.dead_rank()
+        if dead is not None:
+            return f"tensor-parallel rank {dead} died (exit code {self.procs[dead].returncode})"
+        return "a forward failed on rank 0; the ranks are out of step" if self.broken else None
 
     # ------------------------------------------------------------------ shutdown
     def close(self, reason: str = "") -> None:
