@@ -9,6 +9,7 @@ ranks) and a request that joins while others decode."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,6 +67,7 @@ def greedy(model_dir: str, tp_size: int, batch: list[list[int]]) -> tuple[list[l
         plans = ranks.stats.plans if ranks else 0
         if ranks:
             assert ranks.dead_rank() is None
+    assert not list(Path(args.ipc_dir).glob("tp_*"))  # the ranks' sockets and args file are gone
     return [got[str(i)] for i in range(len(batch))], plans
 
 

@@ -206,6 +206,12 @@ class TPRanks:
         for sock in (*self.plan_socks, self.ready_sock):
             sock.close(linger=0)
         self.ctx.term()
+        ipc = self.args.ipc_dir  # ours only: the directory may be the user's (--ipc-dir)
+        for name in ("tp_args.json", "tp_ready", *(f"tp_plan_{r}" for r in self.procs)):
+            try:
+                os.remove(os.path.join(ipc, name))
+            except OSError:
+                pass
         if self.threads_before:
             torch.set_num_threads(self.threads_before)
         logger.info("tensor parallelism stopped: %s", self.stats.summary())
