@@ -92,6 +92,15 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory, tiny_models: di
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_kv1(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny llama with one KV head: fewer KV heads than tensor-parallel ranks."""
+    from sglang_pd.tools.make_tiny_model import TinySpec, make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-llama-kv1"), "llama",
+                               spec=TinySpec(num_kv_heads=1)))
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_factory) -> str:
     return tiny_model_factory("llama")
 

@@ -65,3 +65,15 @@ def test_engine_hands_out_each_step_sample_once(tiny: str) -> None:
         assert core.stats(step_samples=True).step_samples.modes == []  # type: ignore[union-attr]
     finally:
         core.close()
+
+
+def test_profile_with_tp_records_its_size(tiny: str, tmp_path) -> None:
+    """--tp-size 2: rank 0 times the steps (a real rank 1 runs each forward with it) and the
+    profile says the steps ran on 2 ranks."""
+    out = tmp_path / "tp2.json"
+    tool.main(["--model-path", tiny, "--out", str(out), "--repeats", "1", "--warmup", "0",
+               "--skip-prefill", "--decode-batch-sizes", "1,2", "--decode-context-tokens", "16",
+               "--tp-size", "2"])
+    p = load_profile(out)
+    assert p.meta.tp_size == 2
+    assert p.decode is not None and all(t is not None and t > 0 for row in p.decode.seconds for t in row)

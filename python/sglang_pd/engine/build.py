@@ -29,6 +29,7 @@ from sglang_pd.engine.stop import StopChecker
 from sglang_pd.engine.warmup import warm_up
 from sglang_pd.models.config import ModelConfig
 from sglang_pd.models.loader import load_model
+from sglang_pd.models.parallel import TPGroup, local_kv_heads
 from sglang_pd.protocol import EngineReady
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
@@ -77,12 +78,13 @@ class EngineParts:
         )
 
 
-def build_engine(args: ServerArgs) -> EngineParts:
+def build_engine(args: ServerArgs, tp: TPGroup | None = None) -> EngineParts:
     if args.device == "cpu":
         tune_allocator()
     torch.manual_seed(args.random_seed)
     model, cfg = load_model(args.model_path, cpu_aware_dtype(args.dtype, args.device), args.device,
-                            args.load_format)
+                            args.load_format, tp)
+    kv_heads = local_kv_heads(cfg, tp or TPGroup.single())  # this rank's KV heads (engine/tp/)
     dtype = next(model.parameters()).dtype
     context_length = args.context_length or cfg.max_position_embeddings
     # the backend first: graphs (and the memory kept for them) only with one that supports them
@@ -97,17 +99,19 @@ def build_engine(args: ServerArgs) -> EngineParts:
     num_pages = pool_pages(
         max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
         device=args.device, page_size=args.page_size,
-        bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype),
+        bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype),
         reserved_bytes=graph_reserve,  # graphs are captured after the pool: kept out before it
     )
-    kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim,
+    kv_pool = KVPool(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim,
                      dtype, args.device)
     allocator = PageAllocator(num_pages)
     max_total_num_tokens = allocator.num_usable * args.page_size
     runner = ModelRunner(model, kv_pool, attention, cuda_graph_max_bs=graph_bs,
                          max_positions=cfg.max_position_embeddings,
                          graph_reserved_bytes=graph_reserve, prefill_graph_grid=prefill_grid)
-    if args.device.startswith("cuda"):  # compile every kernel variant now, not in a request
+    # compile every kernel variant now, not in a request (not with TP: warm-up forwards bypass
+    # the plan the other ranks follow)
+    if args.device.startswith("cuda") and tp is None:
         warm_up(runner, min(context_length, cfg.max_position_embeddings, max_total_num_tokens))
     cfg_p = replace(args.policy_config(), decode_attention_padded=attention.decode_pads_to_longest)
     scheduler = Scheduler(

@@ -24,6 +24,7 @@ from sglang_pd.engine.pd import PDHooks
 from sglang_pd.engine.request import Req
 from sglang_pd.engine.stats import EngineCounters
 from sglang_pd.protocol import EngineReady, EngineStats, GenerateReq, ReqOutput
+from sglang_pd.models.parallel import TPGroup
 from sglang_pd.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -32,9 +33,10 @@ PENDING_POLL_S = 0.001  # how often to poll KV transfers when nothing can comput
 
 
 class EngineCore:
-    def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.monotonic,
+                 tp: TPGroup | None = None) -> None:
         self.args, self.clock = args, clock
-        self.parts = p = build_engine(args)  # engine/build.py
+        self.parts = p = build_engine(args, tp)  # engine/build.py (tp: this rank's group, engine/tp/)
         self.model, self.config, self.runner, self.kv_pool = p.model, p.config, p.runner, p.kv_pool
         self.allocator, self.scheduler, self.stop_checker = p.allocator, p.scheduler, p.stop_checker
         self.pd: PDHooks = p.pd  # engine/pd.py: its calls return events that _apply carries out

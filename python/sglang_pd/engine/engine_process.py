@@ -19,6 +19,7 @@ import zmq
 
 from sglang_pd.engine.control import handle_control
 from sglang_pd.engine.engine_core import EngineCore
+from sglang_pd.engine.tp.launcher import TPRanks, tp_server_args
 from sglang_pd.protocol import (
     AbortReq, BatchOut, ControlReq, ControlResp, EngineReady, GenerateReq, Shutdown, decode_to_engine, encode,
 )
@@ -40,10 +41,18 @@ def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop = {"flag": False}
     parent = os.getppid()
+    tp: TPRanks | None = None  # ranks 1..N-1 with --tp-size N (engine/tp/)
     try:
-        core = EngineCore(server_args)
+        if server_args.tp_size > 1:
+            server_args = tp_server_args(server_args)
+            tp = TPRanks.start(server_args)
+        core = EngineCore(server_args, tp=tp.group if tp else None)
+        if tp is not None:
+            tp.attach(core.runner, core.kv_pool.num_pages)
     except Exception as exc:
         logger.exception("engine failed to start")
+        if tp is not None:
+            tp.close("rank 0 failed to start")
         ready_conn.send_bytes(encode(EngineReady(ok=False, error=f"{type(exc).__name__}: {exc}")))
         return
     ctx = zmq.Context()
@@ -54,16 +63,19 @@ def run_engine_process(server_args: ServerArgs, ready_conn: Connection) -> None:
     outbox.connect(server_args.engine_to_frontend_addr)
     ready_conn.send_bytes(encode(core.ready_info()))
     try:
-        _loop(core, inbox, outbox, stop, parent)
+        _loop(core, inbox, outbox, stop, parent, tp)
     finally:
         core.close()
+        if tp is not None:
+            tp.close()
         inbox.close(linger=0)
         outbox.close(linger=500)
         ctx.term()
         logger.info("engine stopped")
 
 
-def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, parent: int) -> None:
+def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, parent: int,
+          tp: TPRanks | None = None) -> None:
     last_stats = 0.0
     last_parent_check = time.monotonic()
     while not stop["flag"]:
@@ -96,6 +108,10 @@ def _loop(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, stop: dict, p
             last_parent_check = now
             if os.getppid() != parent:
                 logger.warning("frontend process is gone; engine exiting")
+                return
+            failure = tp.failure() if tp is not None else None
+            if failure is not None:  # the ranks cannot compute apart: the server goes down
+                logger.error("%s; engine exiting", failure)
                 return
 
 

@@ -5,7 +5,7 @@ Batch tensors are built once per step with one loop per request (never per token
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -16,6 +16,7 @@ from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.prefill_graph import PrefillGraphRunner
 from sglang_pd.engine.request import Req
+from sglang_pd.engine.tp.messages import StepPlan
 
 
 class ModelRunner:
@@ -42,22 +43,25 @@ class ModelRunner:
             self.graph_runner.capture(graph_reserved_bytes)
         # short-prefill graphs (engine/prefill_graph.py): the grid is given only where a short
         # queue feeds this runner (prefill servers, colocated dual queues)
+        # tensor parallelism: rank 0's launcher sets this to send each step's plan to the other
+        # ranks before the forward (engine/tp/); None with one rank
+        self.step_sink: Callable[[StepPlan], None] | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
         if (prefill_graph_grid is not None and self.device.type == "cuda"
                 and attn_backend.supports_prefill_graph):
             self.prefill_graphs = PrefillGraphRunner(model, kv_pool, attn_backend, prefill_graph_grid)
             self.prefill_graphs.capture()
 
-    def _token_slots(self, reqs: Sequence[Req], seq_lens: list[int]) -> torch.Tensor:
+    def _token_slots(self, pages: Sequence[Sequence[int]], seq_lens: list[int]) -> torch.Tensor:
         """[B, max(seq_lens)] KV slot of every token; padding points into dummy page 0."""
-        max_pages = max(len(r.pages) for r in reqs)
+        max_pages = max(len(p) for p in pages)
         # one tensor from one flat list: a torch.tensor call per request costs more than the list
         flat: list[int] = []
-        for r in reqs:
-            flat.extend(r.pages)
-            flat.extend([0] * (max_pages - len(r.pages)))
-        table = torch.tensor(flat, dtype=torch.long).view(len(reqs), max_pages)
-        slots = (table[:, :, None] * self.page_size + self._page_offsets).view(len(reqs), -1)
+        for p in pages:
+            flat.extend(p)
+            flat.extend([0] * (max_pages - len(p)))
+        table = torch.tensor(flat, dtype=torch.long).view(len(pages), max_pages)
+        slots = (table[:, :, None] * self.page_size + self._page_offsets).view(len(pages), -1)
         return slots[:, : max(seq_lens)]
 
     def _slot(self, req: Req, pos: int) -> int:
@@ -82,21 +86,31 @@ class ModelRunner:
                 out_loc.extend(range(base + lo, base + hi))
             seq_lens.append(end)
             extend_lens.append(n)
-        return self._batch(ForwardMode.EXTEND, reqs, ids, positions, out_loc, seq_lens, extend_lens)
+        return self._batch(ForwardMode.EXTEND, [r.pages for r in reqs], ids, positions, out_loc, seq_lens, extend_lens)
 
     def build_decode(self, reqs: Sequence[Req]) -> ForwardBatch:
         ids = [r.output_ids[-1] for r in reqs]
         positions = [r.kv_len for r in reqs]
         out_loc = [self._slot(r, r.kv_len) for r in reqs]
         seq_lens = [r.kv_len + 1 for r in reqs]
-        return self._batch(ForwardMode.DECODE, reqs, ids, positions, out_loc, seq_lens, [1] * len(reqs))
+        return self._batch(ForwardMode.DECODE, [r.pages for r in reqs], ids, positions, out_loc, seq_lens, [1] * len(reqs))
 
-    def _batch(self, mode: ForwardMode, reqs: Sequence[Req], ids: list[int], positions: list[int],
-               out_loc: list[int], seq_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+    def build_plan(self, plan: StepPlan) -> ForwardBatch:
+        """Rank > 0 of tensor parallelism: rank 0's step, on this rank's pool and weights."""
+        return self._batch(ForwardMode(plan.mode), plan.pages, plan.input_ids, plan.positions,
+                           plan.out_loc, plan.seq_lens, plan.extend_lens)
+
+    def _batch(self, mode: ForwardMode, pages: list[list[int]], ids: list[int],
+               positions: list[int], out_loc: list[int], seq_lens: list[int],
+               extend_lens: list[int]) -> ForwardBatch:
+        """``pages``: each request's KV pages."""
         check_positions(seq_lens, self.max_positions)
+        if self.step_sink is not None:
+            self.step_sink(StepPlan(mode.value, ids, positions, out_loc, seq_lens, extend_lens,
+                                    pages))
         if self._staging is not None:  # lengths stay on the host too (seq_lens, extend_lens)
             batch = self._staging.to_device(mode, ids, positions, out_loc, seq_lens, extend_lens,
-                                            self._token_slots(reqs, seq_lens), self.kv_pool,
+                                            self._token_slots(pages, seq_lens), self.kv_pool,
                                             self.attn_backend)
             self.attn_backend.init_forward_metadata(batch)
             return batch
@@ -107,7 +121,7 @@ class ModelRunner:
             out_cache_loc=torch.tensor(out_loc, dtype=torch.long),
             seq_lens=torch.tensor(seq_lens, dtype=torch.long),
             extend_lens=torch.tensor(extend_lens, dtype=torch.long),
-            token_slots=self._token_slots(reqs, seq_lens),
+            token_slots=self._token_slots(pages, seq_lens),
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
         )

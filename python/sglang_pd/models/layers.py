@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_pd.models import fused
+from sglang_pd.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
 
 
 class RMSNorm(nn.Module):
@@ -150,18 +151,23 @@ class SwiGLUMLP(nn.Module):
     ``merged`` (chosen by the loader: the fused path, i.e. CUDA) holds gate and up as one
     [2 * intermediate, hidden] gate_up_proj, one matmul whose output the SiLU-and-mul kernel
     reads. Unmerged (CPU) they stay two matmuls: on CPU (MKL, 2 cores) one fused matmul measured
-    3-10% slower than the pair, plus a strided activation afterwards."""
+    3-10% slower than the pair, plus a strided activation afterwards.
+
+    With tensor parallelism ``intermediate`` is this rank's block: gate/up are column-parallel,
+    down is row-parallel (one all-reduce per MLP)."""
 
     def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype | None = None,
-                 merged: bool = False) -> None:
+                 merged: bool = False, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.intermediate = intermediate
         if merged:
-            self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False, dtype=dtype)
+            self.gate_up_proj = ColumnParallelLinear(hidden, 2 * intermediate, bias=False,
+                                                     dtype=dtype)
         else:
-            self.gate_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
-            self.up_proj = nn.Linear(hidden, intermediate, bias=False, dtype=dtype)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False, dtype=dtype)
+            self.gate_proj = ColumnParallelLinear(hidden, intermediate, bias=False, dtype=dtype)
+            self.up_proj = ColumnParallelLinear(hidden, intermediate, bias=False, dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate, hidden, False, dtype,
+                                           tp or TPGroup.single())
 
     @property
     def merged(self) -> bool:

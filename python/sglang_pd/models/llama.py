@@ -17,36 +17,57 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.models.config import ModelConfig
 from sglang_pd.models.layers import RMSNorm, RopeStep, RotaryEmbedding, SwiGLUMLP
+from sglang_pd.models.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    kv_head_start,
+    local_heads,
+    local_kv_heads,
+    vocab_block,
+    vocab_parallel_logits,
+)
 
 
 @dataclass(frozen=True)
 class WeightTarget:
-    """Where one HF checkpoint tensor goes: rows [row_start, row_start + rows) of ``param``."""
+    """Where one HF checkpoint tensor goes: rows [row_start, row_start + rows) of ``param``.
+
+    ``shard_dim`` (tensor parallelism): this rank takes only [shard_start, shard_start +
+    shard_len) of the checkpoint tensor along that dimension (0: output rows, 1: input columns);
+    ``full`` is the tensor's whole length there, checked against the checkpoint. None: all of it."""
 
     param: str
     row_start: int
     rows: int
+    shard_dim: int | None = None
+    shard_start: int = 0
+    shard_len: int = 0
+    full: int = 0
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype,
+                 tp: TPGroup | None = None) -> None:
         super().__init__()
+        tp = tp or TPGroup.single()
         self.layer_id = layer_id
-        self.num_heads = cfg.num_heads
-        self.num_kv_heads = cfg.num_kv_heads
+        # this rank's heads (all of them without tensor parallelism)
+        self.num_heads = local_heads(cfg, tp)
+        self.num_kv_heads = local_kv_heads(cfg, tp)
         self.head_dim = cfg.head_dim
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.q_size, self.kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
-            cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias, dtype=dtype
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias, dtype=dtype
         )
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias, dtype=dtype)
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, cfg.o_bias, dtype, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
 
@@ -65,13 +86,16 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, merge_gate_up: bool = False
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, merge_gate_up: bool = False,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
+        tp = tp or TPGroup.single()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(cfg, layer_id, dtype)
+        self.self_attn = LlamaAttention(cfg, layer_id, dtype, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype, merge_gate_up)
+        self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size // tp.size, dtype,
+                             merge_gate_up, tp)
 
     def forward(
         self, x: torch.Tensor | None, residual: torch.Tensor, rope: RopeStep, batch: ForwardBatch
@@ -88,37 +112,32 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h, on)
 
 
-class Embedding(nn.Module):
-    """Token embedding without nn.Embedding's random init (the loader fills the weight)."""
-
-    def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden, dtype=dtype))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
-
-
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, merge_gate_up: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, merge_gate_up: bool = False,
+                 tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype,
+                                                   tp or TPGroup.single())
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, dtype, merge_gate_up) for i in range(cfg.num_layers)
+            LlamaDecoderLayer(cfg, i, dtype, merge_gate_up, tp) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, merge_gate_up: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, merge_gate_up: bool = False,
+                 tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.merge_gate_up = merge_gate_up
-        self.model = LlamaModel(cfg, dtype, merge_gate_up)
+        self.tp = tp = tp or TPGroup.single()
+        self.model = LlamaModel(cfg, dtype, merge_gate_up, tp)
+        # the LM head splits the vocabulary as the embedding does (the same weight when tied)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+            else ColumnParallelLinear(cfg.hidden_size, vocab_block(cfg.vocab_size, tp)[2],
+                                      bias=False, dtype=dtype)
         )
         self.rotary = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
@@ -141,43 +160,61 @@ class LlamaForCausalLM(nn.Module):
         else:
             h = self.model.norm.add_forward(x, residual, rope.fused)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        return vocab_parallel_logits(h, weight, self.config.vocab_size, self.tp)
 
     def hf_weight_map(self) -> dict[str, WeightTarget]:
-        """Every tensor name a HF checkpoint of this config must provide -> where it goes."""
-        cfg = self.config
+        """Every tensor name a HF checkpoint of this config must provide -> where it goes (and,
+        with tensor parallelism, which slice of it this rank takes)."""
+        cfg, tp = self.config, self.tp
         params = dict(self.named_parameters())
         out: dict[str, WeightTarget] = {}
 
         def whole(name: str) -> None:
             out[name] = WeightTarget(name, 0, params[name].shape[0])
 
-        whole("model.embed_tokens.weight")
+        def part(name: str, param: str, row: int, dim: int, start: int, length: int,
+                 full: int) -> None:
+            rows = length if dim == 0 else params[param].shape[0]
+            if tp.size == 1:
+                out[name] = WeightTarget(param, row, rows)
+            else:
+                out[name] = WeightTarget(param, row, rows, dim, start, length, full)
+
+        v_start, v_rows, _ = vocab_block(cfg.vocab_size, tp)
+        part("model.embed_tokens.weight", "model.embed_tokens.weight", 0, 0, v_start, v_rows,
+             cfg.vocab_size)
         whole("model.norm.weight")
         if self.lm_head is not None:
-            whole("lm_head.weight")
-        q, kv = cfg.q_size, cfg.kv_size
+            part("lm_head.weight", "lm_head.weight", 0, 0, v_start, v_rows, cfg.vocab_size)
+        d = cfg.head_dim
+        q, kv = local_heads(cfg, tp) * d, local_kv_heads(cfg, tp) * d
+        q0, kv0 = tp.rank * q, kv_head_start(cfg, tp) * d
+        inter = cfg.intermediate_size // tp.size
+        i0 = tp.rank * inter
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             for suffix in ("weight", "bias") if cfg.qkv_bias else ("weight",):
                 fused = f"{p}self_attn.qkv_proj.{suffix}"
-                out[f"{p}self_attn.q_proj.{suffix}"] = WeightTarget(fused, 0, q)
-                out[f"{p}self_attn.k_proj.{suffix}"] = WeightTarget(fused, q, kv)
-                out[f"{p}self_attn.v_proj.{suffix}"] = WeightTarget(fused, q + kv, kv)
-            whole(f"{p}self_attn.o_proj.weight")
+                part(f"{p}self_attn.q_proj.{suffix}", fused, 0, 0, q0, q, cfg.q_size)
+                part(f"{p}self_attn.k_proj.{suffix}", fused, q, 0, kv0, kv, cfg.kv_size)
+                part(f"{p}self_attn.v_proj.{suffix}", fused, q + kv, 0, kv0, kv, cfg.kv_size)
+            o = f"{p}self_attn.o_proj.weight"
+            part(o, o, 0, 1, q0, q, cfg.q_size)
             if cfg.o_bias:
-                whole(f"{p}self_attn.o_proj.bias")
+                whole(f"{p}self_attn.o_proj.bias")  # added once, after the all-reduce
             if cfg.qk_norm:
                 whole(f"{p}self_attn.q_norm.weight")
                 whole(f"{p}self_attn.k_norm.weight")
+            full_inter = cfg.intermediate_size
             if self.merge_gate_up:
-                inter, merged = cfg.intermediate_size, f"{p}mlp.gate_up_proj.weight"
-                out[f"{p}mlp.gate_proj.weight"] = WeightTarget(merged, 0, inter)
-                out[f"{p}mlp.up_proj.weight"] = WeightTarget(merged, inter, inter)
+                merged = f"{p}mlp.gate_up_proj.weight"
+                part(f"{p}mlp.gate_proj.weight", merged, 0, 0, i0, inter, full_inter)
+                part(f"{p}mlp.up_proj.weight", merged, inter, 0, i0, inter, full_inter)
             else:
-                whole(f"{p}mlp.gate_proj.weight")
-                whole(f"{p}mlp.up_proj.weight")
-            whole(f"{p}mlp.down_proj.weight")
+                for name in (f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"):
+                    part(name, name, 0, 0, i0, inter, full_inter)
+            down = f"{p}mlp.down_proj.weight"
+            part(down, down, 0, 1, i0, inter, full_inter)
             whole(f"{p}input_layernorm.weight")
             whole(f"{p}post_attention_layernorm.weight")
         return out

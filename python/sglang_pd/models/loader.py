@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from sglang_pd.models.config import ModelConfig
 from sglang_pd.models.fused import fused_kernels_on
+from sglang_pd.models.parallel import TPGroup, check_tp_size
 from sglang_pd.models.registry import get_model_class
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
@@ -42,11 +44,13 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     load_format: str = "auto",
+    tp: TPGroup | None = None,
 ) -> tuple[nn.Module, ModelConfig]:
     """Returns (model in eval mode with grads off, its ModelConfig).
 
     load_format "auto" reads *.safetensors (sharded via model.safetensors.index.json or not);
-    "dummy" needs only config.json and fills weights from a fixed seed.
+    "dummy" needs only config.json and fills weights from a fixed seed. ``tp``: this rank's
+    tensor-parallel group; the model holds, and reads from disk, only this rank's shard.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(
@@ -56,13 +60,21 @@ def load_model(
     cfg = ModelConfig.from_pretrained(path)
     torch_dtype = resolve_dtype(dtype, cfg)
     cls = get_model_class(cfg.architecture)
+    tp = tp or TPGroup.single()
+    check_tp_size(cfg, tp.size)
     # Build on the meta device, then allocate uninitialised storage: no time spent on
     # default random init that the checkpoint overwrites anyway.
     # gate/up merged into one matmul only where the SiLU-and-mul kernel reads it (CUDA by
     # default; see models/fused.py): on CPU two matmuls are faster.
     with torch.device("meta"):
-        model = cls(cfg, torch_dtype, merge_gate_up=fused_kernels_on(device))
+        if tp.size == 1:  # the model classes that predate tensor parallelism take no tp
+            model = cls(cfg, torch_dtype, merge_gate_up=fused_kernels_on(device))
+        else:
+            model = cls(cfg, torch_dtype, merge_gate_up=fused_kernels_on(device), tp=tp)
     model = model.to_empty(device=device)
+    if tp.size > 1:  # vocabulary padding rows are never loaded: zeros, not garbage
+        for param in model.parameters():
+            param.data.zero_()
     if load_format == "dummy":
         init_dummy_weights(model)
     else:
@@ -72,14 +84,15 @@ def load_model(
     return model, cfg
 
 
-def _dummy_units(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(checkpoint name, the rows it fills) in the checkpoint's terms where the model maps them,
-    so dummy values do not depend on how parameters are fused (gate/up merged or not)."""
+def _dummy_units(model: nn.Module) -> list[tuple[str, torch.Tensor, Any]]:
+    """(checkpoint name, the rows it fills, its WeightTarget or None) in the checkpoint's terms
+    where the model maps them, so dummy values do not depend on how parameters are fused
+    (gate/up merged or not) nor on how they are split over tensor-parallel ranks."""
     params = dict(model.named_parameters())
     if not hasattr(model, "hf_weight_map"):
-        return list(params.items())
+        return [(name, p, None) for name, p in params.items()]
     return [
-        (name, params[t.param][t.row_start : t.row_start + t.rows])
+        (name, params[t.param][t.row_start : t.row_start + t.rows], t)
         for name, t in cast(Any, model).hf_weight_map().items()
     ]
 
@@ -96,6 +109,9 @@ def init_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
     if not units:
         return
     device, dtype = units[0][1].device, units[0][1].dtype
+    if any(t is not None and t.shard_dim is not None for _, _, t in units):
+        _init_dummy_shards(units, seed)
+        return
     gen = torch.Generator(device="cpu").manual_seed(seed)
     bound = DUMMY_STD * 3**0.5
     block = (torch.rand(DUMMY_BLOCK, generator=gen) * (2 * bound) - bound).to(
@@ -103,7 +119,7 @@ def init_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
     )
     offset = 0
     with torch.no_grad():
-        for name, rows in units:
+        for name, rows, _ in units:
             if name.endswith("norm.weight"):
                 rows.fill_(1.0)
                 continue
@@ -114,6 +130,31 @@ def init_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
                 flat[done : done + n].copy_(block[offset : offset + n])
                 done += n
                 offset = (offset + n) % DUMMY_BLOCK
+
+
+def _init_dummy_shards(units: list[tuple[str, torch.Tensor, Any]], seed: int) -> None:
+    """init_dummy_weights for one tensor-parallel rank: the same values as one process would
+    draw, sliced. Each checkpoint tensor is built whole on the host from the tiled block (the
+    offset runs over whole tensors), then this rank's slice is copied in."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    bound = DUMMY_STD * 3**0.5
+    block = torch.rand(DUMMY_BLOCK, generator=gen) * (2 * bound) - bound
+    offset = 0
+    with torch.no_grad():
+        for name, rows, t in units:
+            if name.endswith("norm.weight"):
+                rows.fill_(1.0)
+                continue
+            shape = list(rows.shape)
+            if t is not None and t.shard_dim is not None:
+                shape[t.shard_dim] = t.full
+            n = math.prod(shape)
+            idx = (torch.arange(n, dtype=torch.int64) + offset) % DUMMY_BLOCK
+            offset = (offset + n) % DUMMY_BLOCK
+            full = block[idx].view(shape)
+            if t is not None and t.shard_dim is not None:
+                full = full.narrow(t.shard_dim, t.shard_start, t.shard_len)
+            rows.copy_(full.to(rows.dtype))
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -160,9 +201,9 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
                         if not _ignorable(name, model):
                             unexpected.append(name)
                         continue
-                    tensor = f.get_tensor(name)
                     param = params[target.param]
                     want = (target.rows, *param.shape[1:])
+                    tensor = _read(f, name, target, want, file.name)
                     if tuple(tensor.shape) != want:
                         raise ValueError(
                             f"checkpoint tensor {name!r} in {file.name} has shape "
@@ -181,6 +222,20 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
         raise ValueError(
             f"checkpoint {path} is missing {len(missing)} tensor(s): {_names(missing)}"
         )
+
+
+def _read(f: Any, name: str, target: Any, want: tuple[int, ...], file: str) -> torch.Tensor:
+    """The checkpoint tensor, or only this rank's slice of it (read from disk alone)."""
+    if target.shard_dim is None:
+        return f.get_tensor(name)
+    sl = f.get_slice(name)
+    full = list(want)
+    full[target.shard_dim] = target.full
+    if list(sl.get_shape()) != full:
+        raise ValueError(f"checkpoint tensor {name!r} in {file} has shape {tuple(sl.get_shape())}, "
+                         f"config.json implies {tuple(full)}")
+    lo, hi = target.shard_start, target.shard_start + target.shard_len
+    return sl[lo:hi] if target.shard_dim == 0 else sl[:, lo:hi]
 
 
 def _names(names: list[str], limit: int = 8) -> str:

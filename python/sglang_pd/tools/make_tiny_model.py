@@ -273,18 +273,21 @@ def _tokenizer_files(out: Path, tokenizer_json: str, spec: TinySpec) -> None:
 
 
 def make_tiny_model(
-    out_dir: str | Path, arch: str = "llama", tokenizer_json: str | None = None
+    out_dir: str | Path, arch: str = "llama", tokenizer_json: str | None = None,
+    spec: TinySpec | None = None,
 ) -> Path:
     """Write the tiny ``arch`` model into ``out_dir`` (created if needed); returns its path.
 
     ``tokenizer_json`` lets a caller building several archs train the tokenizer once
-    (``train_tokenizer(TinySpec().vocab_size)``); it is the same for every arch.
+    (``train_tokenizer(TinySpec().vocab_size)``); it is the same for every arch. ``spec``
+    changes the shapes (e.g. ``TinySpec(num_kv_heads=1)``: fewer KV heads than tensor-parallel
+    ranks); the pinned hashes hold for the default only.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny arch {arch!r}; supported: {sorted(ARCHS)}")
     from safetensors.numpy import save_file
 
-    spec, aspec = TinySpec(), ARCHS[arch]
+    spec, aspec = spec or TinySpec(), ARCHS[arch]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _dump_json(make_config(spec, aspec), out / "config.json")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from collections.abc import Callable, Sequence
 
@@ -41,6 +41,7 @@ from sglang_pd.engine.attention.base import AttentionBackend
 from sglang_pd.engine.engine_core import EngineCore
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.request import Req
+from sglang_pd.engine.tp.launcher import TPRanks, tp_server_args
 from sglang_pd.engine.sampler import sample
 from sglang_pd.protocol import SamplingParams
 from sglang_pd.scheduling.profile import (SCHEMA_VERSION, DecodeGrid, PrefillBatchGrid,
@@ -241,6 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--notes", default="")
+    ap.add_argument("--tp-size", type=int, default=1,
+                    help="tensor-parallel ranks (recorded in the profile's meta.tp_size)")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         ap.error(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
@@ -251,6 +254,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_core(args: argparse.Namespace) -> EngineCore:
     """An engine whose KV pool holds the largest cell, with the timing attention wrapper."""
+    return build_tp_core(args)[0]
+
+
+def build_tp_core(args: argparse.Namespace) -> tuple[EngineCore, TPRanks | None]:
+    """build_core, and with --tp-size N > 1 its ranks 1..N-1 (the caller closes them). Only
+    rank 0 times attention: the other ranks run the plain backend of the same name."""
     inner = ATTENTION_BACKENDS.get(args.attention_backend)
     if inner is None:
         raise SystemExit(f"unknown --attention-backend {args.attention_backend!r}; "
@@ -263,14 +272,33 @@ def build_core(args: argparse.Namespace) -> EngineCore:
         need = max(need, max(args.prefill_new_tokens) + max(args.prefill_context_tokens),
                    max(args.prefill_batch_sizes) * max(args.prefill_batch_new_tokens))
     pages = need // args.page_size + 2 * max(args.decode_batch_sizes + args.prefill_batch_sizes) + 2
-    server_args = ServerArgs(model_path=args.model_path, load_format=args.load_format,
-                             dtype=args.dtype, device=args.device, attention_backend=name,
-                             page_size=args.page_size, skip_tokenizer_init=True, max_total_tokens=pages * args.page_size)
-    return EngineCore(server_args)
+    server_args = tp_server_args(ServerArgs(
+        model_path=args.model_path, load_format=args.load_format, dtype=args.dtype,
+        device=args.device, attention_backend=name, page_size=args.page_size,
+        skip_tokenizer_init=True, max_total_tokens=pages * args.page_size,
+        tp_size=getattr(args, "tp_size", 1)))
+    if server_args.tp_size == 1:
+        return EngineCore(server_args), None
+    ranks = TPRanks.start(replace(server_args, attention_backend=args.attention_backend))
+    try:
+        core = EngineCore(server_args, tp=ranks.group)
+        ranks.attach(core.runner, core.kv_pool.num_pages)
+    except BaseException:
+        ranks.close()
+        raise
+    return core, ranks
 
 
 def run_profile(args: argparse.Namespace, log: Callable[[str], None] = print) -> Profile:
-    core = build_core(args)
+    core, ranks = build_tp_core(args)
+    try:
+        return _run_profile(core, args, log)
+    finally:
+        if ranks is not None:
+            ranks.close()
+
+
+def _run_profile(core: EngineCore, args: argparse.Namespace, log: Callable[[str], None]) -> Profile:
     # touch every KV page once: a fresh pool is mapped lazily, and first-touch page faults
     # would land in whichever cell first uses the memory (seconds on a CPU, not step time)
     core.kv_pool.kv_buffer.fill_(1.0)
@@ -310,7 +338,8 @@ def run_profile(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         page_size=args.page_size,
         attention_backend=args.attention_backend,
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        tool_version=getattr(sglang_pd, "__version__", "0"), repeats=args.repeats, notes=args.notes)
+        tool_version=getattr(sglang_pd, "__version__", "0"), repeats=args.repeats, notes=args.notes,
+        tp_size=args.tp_size)
     core.close()
     return Profile(schema_version=SCHEMA_VERSION, meta=meta, prefill=prefill, decode=decode,
                    extra=extra)
