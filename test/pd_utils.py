@@ -112,11 +112,12 @@ def distinct_ports(n: int) -> list[int]:
 
 
 def start_all(model_dir: str, log_dir: Path, n_prefill: int, n_decode: int,
-              env: dict[str, str] | None = None, prefill_flags: tuple[str, ...] = ()
-              ) -> tuple[list[Prefill], list[ServerHandle]]:
+              env: dict[str, str] | None = None, prefill_flags: tuple[str, ...] = (),
+              decode_flags: tuple[str, ...] = ()) -> tuple[list[Prefill], list[ServerHandle]]:
     """Start the servers in parallel (much of a start is process spawn and imports); on any
     failure stop the ones that did start."""
-    return start_mixed(model_dir, log_dir, [prefill_flags] * n_prefill, n_decode, env=env)
+    return start_mixed(model_dir, log_dir, [prefill_flags] * n_prefill, n_decode, env=env,
+                       decode_flags=decode_flags)
 
 
 def stop_all(prefills: list[Prefill], decodes: list[ServerHandle]) -> None:
@@ -323,7 +324,8 @@ def start_router(prefills: list[Prefill], decodes: list[ServerHandle], log_dir: 
 
 
 def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ...]], n_decode: int,
-                env: dict[str, str] | None = None) -> tuple[list[Prefill], list[ServerHandle]]:
+                env: dict[str, str] | None = None, decode_flags: tuple[str, ...] = ()
+                ) -> tuple[list[Prefill], list[ServerHandle]]:
     """Start prefills (each with its own flags, e.g. one ``--prefill-role short``, one ``long``)
     and decodes in parallel; on any failure stop the ones that did start."""
     require_nixl()
@@ -333,7 +335,7 @@ def start_mixed(model_dir: str, log_dir: Path, prefill_flags: list[tuple[str, ..
         p_futs = [pool.submit(start_prefill, model_dir, log_dir, *flags, env=env,
                               port=ports[2 * i], bootstrap_port=ports[2 * i + 1])
                   for i, flags in enumerate(prefill_flags)]
-        d_futs = [pool.submit(start_decode, model_dir, log_dir, env=env,
+        d_futs = [pool.submit(start_decode, model_dir, log_dir, *decode_flags, env=env,
                               port=ports[2 * n_prefill + i]) for i in range(n_decode)]
         wait(p_futs + d_futs)
     prefills = [f.result() for f in p_futs if f.exception() is None]

@@ -7,7 +7,9 @@ import asyncio
 import math
 
 import aiohttp
+import orjson
 import pytest
+from aiohttp import web
 
 from sglang_pd_router.config import PrefillSpec, RouterConfig
 from sglang_pd_router.controller import (
@@ -155,6 +157,48 @@ async def test_a_moved_worker_drains_then_switches_role(server_has_route: bool) 
         assert donor.prefill_role == "long"
         outcome = "switched" if server_has_route else "router_only"
         assert f'outcome="{outcome}"' in monitor.metrics.render().decode()
+    finally:
+        await monitor.stop()
+        await monitor.session.close()
+        for f in fakes:
+            await f.stop()
+
+
+class _RefusingWorker(FakeWorker):
+    """A server that refuses the role switch (e.g. started without dual queues or a role)."""
+
+    async def _set_role(self, request):  # type: ignore[no-untyped-def]
+        self.role_requests.append(orjson.loads(await request.read()).get("role"))
+        return web.json_response({"error": {"message": "needs --prefill-queues dual"}},
+                                 status=400)
+
+
+@pytest.mark.timeout(30)
+async def test_a_refused_role_switch_leaves_the_worker_in_its_pool() -> None:
+    fakes = [_RefusingWorker("prefill"), FakeWorker("prefill"), FakeWorker("prefill")]
+    for fake, role in zip(fakes, ("short", "short", "long")):
+        await fake.start()
+        fake.server_info = {"prefill_role": role}
+        fake.load = {"prefill_role": role, "num_reqs": 0}
+    monitor = await _monitor(fakes, controller=ControllerConfig(cooldown_s=0.0))
+    try:
+        fakes[2].load.update(num_queue_prefill_tokens=100_000, num_reqs=3)
+        fakes[1].load.update(num_queue_prefill_tokens=500)  # so fakes[0] is the donor
+        await monitor.poll_loads()
+        donor = monitor.registry.find(fakes[0].url)
+        assert donor is not None
+        move = await monitor.control_step()
+        assert move is not None and move.url == fakes[0].url and move.to_role == "long"
+        await asyncio.wait_for(asyncio.gather(*monitor._tasks), 10)
+        assert fakes[0].role_requests == ["long"]  # asked, and refused
+        assert donor.prefill_role == "short" and not donor.draining
+        assert donor.routable(0.0)  # serving its old pool again
+        assert monitor.moves == []
+        assert monitor.registry.pool_sizes() == {"short": 2, "long": 1, "both": 0}
+        assert 'outcome="failed"' in monitor.metrics.render().decode()
+        # not pinned in the router: the server's own role keeps being adopted
+        await monitor.poll_loads()
+        assert donor.prefill_role == "short" and fakes[0].url not in monitor.role_pinned
     finally:
         await monitor.stop()
         await monitor.session.close()
