@@ -26,7 +26,7 @@ from .metrics import CONTENT_TYPE, RouterMetrics
 from .monitor import WorkerMonitor
 from .policies import RouteRequest, RoutingConfig, create_routing_policy
 from .policies.queue_order import create_queue_order
-from .policies.cache_aware import CacheAwarePolicy, request_prefix_blocks
+from .policies.cache_aware import request_prefix_blocks
 from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
 from .request_class import SHORT_PREFILL_THRESHOLD, classify
 from .workers import Worker, WorkerRegistry, validate_url
@@ -193,7 +193,7 @@ class RouterService:
         ttft_ms = slo.get("ttft_ms")
         route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
             ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
-        if isinstance(self.prefill_policy, CacheAwarePolicy):  # its prefix index needs the prompt
+        if self.prefill_policy.reads_prefix_blocks:  # cache_aware's prefix index needs the prompt
             route_req.prefix_blocks = request_prefix_blocks(body)
         stream = body.get("stream") is True
         try:

@@ -86,6 +86,9 @@ class RoutingPolicy(ABC):
     so one instance serves one list of workers."""
 
     name: str = ""
+    # the router fills RouteRequest.prefix_blocks (hashing the prompt) only for a policy that
+    # reads them (cache_aware), so the others pay nothing
+    reads_prefix_blocks: bool = False
 
     def __init__(self, cfg: RoutingConfig | None = None, seed: int | None = None) -> None:
         self.cfg = cfg if cfg is not None else RoutingConfig()

@@ -89,6 +89,7 @@ class PrefixIndex:
 
 
 class CacheAwarePolicy(LengthAwarePolicy):
+    reads_prefix_blocks = True  # RoutingPolicy: the router hashes the prompt for it
     name = "cache_aware"
 
     def __init__(self, cfg: RoutingConfig | None = None, seed: int | None = None) -> None:

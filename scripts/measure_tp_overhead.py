@@ -5,7 +5,7 @@ and N, at a few batch sizes. One process is rank 0 (this script); ranks 1..N-1 a
 workers (gloo on CPU, NCCL on CUDA). The forward's collectives (2 all-reduces per layer, one
 for the embedding, one gather of the logits) show in the forward time of tp=N against tp=1.
 
-  python scripts/bench_tp_overhead.py [--model-path DIR] [--tp-size 2] [--batches 1,16,64]
+  python scripts/measure_tp_overhead.py [--model-path DIR] [--tp-size 2] [--batches 1,16,64]
 
 Without --model-path the tiny llama is built in a temporary directory. Numbers from a shared
 2-core CPU host say what the plan costs, not what TP gains: N ranks there share the same cores.
