@@ -27,7 +27,8 @@ from .monitor import WorkerMonitor
 from .policies import RouteRequest, RoutingConfig, create_routing_policy
 from .policies.queue_order import create_queue_order
 from .policies.cache_aware import request_prefix_blocks
-from .proxy import STREAM_KEY, Dispatcher, error_body, error_response
+from .answer import STREAM_KEY, error_body, error_response
+from .proxy import Dispatcher
 from .request_class import SHORT_PREFILL_THRESHOLD, classify
 from .workers import Worker, WorkerRegistry, validate_url
 

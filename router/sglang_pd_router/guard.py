@@ -19,7 +19,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from . import aio
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_too_deep
-from .proxy import error_response
+from .answer import error_response
 
 logger = logging.getLogger(__name__)
 

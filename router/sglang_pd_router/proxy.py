@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from .answer import (DecodeHead, LegResult, answer_stream, answer_whole, error_response, open_stream, passthrough, sse_error_status)
 from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
 from .request_class import class_headers
@@ -33,9 +34,6 @@ from .workers import Worker, WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
-# where a started stream is kept on the request, so a timeout can end it in-band
-STREAM_KEY: Any = (web.RequestKey("router_stream", web.StreamResponse)
-                   if hasattr(web, "RequestKey") else "router_stream")
 # rooms need to be unique, not secret: a fast generator seeded from the OS
 _ROOMS = random.Random(int.from_bytes(os.urandom(16), "little"))
 _RETRY_STATUSES = frozenset({500, 502, 503, 504})
@@ -50,42 +48,6 @@ class RouteError(Exception):
         self.status = status
         self.message = message
         self.retriable = retriable
-
-
-def error_body(status: int, message: str) -> bytes:
-    kind = "ServerError" if status >= 500 else "BadRequestError"
-    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None
-                   ) -> web.Response:
-    return web.Response(body=error_body(status, message), status=status,
-                        content_type="application/json", headers=headers)
-
-
-@dataclass
-class LegResult:
-    status: int
-    body: bytes
-
-
-@dataclass
-class DecodeHead:
-    """Decode's answer up to the first byte: the open response and what was read."""
-    resp: aiohttp.ClientResponse
-    first: bytes  # stream: the first chunk; otherwise the whole body
-    done: bool  # the body was read to the end
-
-
-def sse_error_status(chunk: bytes) -> int | None:
-    """The code of an SSE error event opening ``chunk`` (our servers' shape), else None."""
-    if not chunk.startswith(b"data: {\"error\""):
-        return None
-    try:
-        event = orjson.loads(chunk[5:].split(b"\n\n", 1)[0])
-        return int(event["error"].get("code", 500))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return 500
 
 
 class Dispatcher:
@@ -257,7 +219,7 @@ class Dispatcher:
                 return _AttemptError(status if first_error is None else first_error,
                                      f"decode {decode.url} answered {status}: {message}",
                                      failed_decode=True,
-                                     response=self._passthrough(head))
+                                     response=passthrough(head))
             decode.breaker.on_success()
             if handoff and stream and status == 200:
                 answered = True  # the caller reads and closes decode's stream
@@ -265,12 +227,12 @@ class Dispatcher:
                 head = None
                 return _Handoff(handed, decode)
             if not stream or status != 200:
-                answer = await self._answer_whole(head, p_task, body)
+                answer = await answer_whole(head, p_task, body)
             elif resume is not None:
                 answer = await self._answer_migrating(request, head, decode, resume, path,
                                                       headers, route_req)
             else:
-                answer = await self._answer_stream(request, head)
+                answer = await answer_stream(request, head)
             answered = True
             return answer
         finally:
@@ -375,27 +337,10 @@ class Dispatcher:
                                  retriable=False, response=resp)
         return None
 
-    @staticmethod
-    def _passthrough(head: DecodeHead) -> web.Response:
-        if head.resp.status == 200:  # an SSE error event: answer it as a JSON error
-            status = sse_error_status(head.first) or 502
-            body = head.first[5:].split(b"\n\n", 1)[0].strip()
-            return web.Response(body=body, status=status, content_type="application/json")
-        return web.Response(body=head.first, status=head.resp.status,
-                            content_type=head.resp.content_type or "application/json")
-
-    async def _answer_whole(self, head: DecodeHead, p_task: asyncio.Future,
-                            body: dict[str, Any]) -> web.Response:
-        out = head.first
-        if head.resp.status == 200 and body.get("return_logprob"):
-            out = await _merge_prompt_logprobs(out, p_task)
-        return web.Response(body=out, status=head.resp.status,
-                            content_type=head.resp.content_type or "application/json")
-
     async def _answer_migrating(self, request: web.Request, head: DecodeHead, decode: Worker,
                                 resume: Resume, path: str, headers: dict[str, str],
                                 route_req: RouteRequest) -> web.StreamResponse:
-        out = await self._open_stream(request, head)
+        out = await open_stream(request, head)
 
         async def reopen(body: dict[str, Any], dead: Worker
                          ) -> tuple[aiohttp.ClientResponse, bytes, Worker] | None:
@@ -412,30 +357,6 @@ class Dispatcher:
             out, head.resp, head.first, decode, resume, reopen, self._alive,
             self.first_byte_timeout_s,
             lambda w: w.breaker.on_failure(time.monotonic()))
-        await out.write_eof()
-        return out
-
-    async def _open_stream(self, request: web.Request, head: DecodeHead
-                           ) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers={
-            "Content-Type": head.resp.headers.get("Content-Type", "text/event-stream"),
-            "Cache-Control": "no-cache"})
-        await out.prepare(request)
-        request[STREAM_KEY] = out  # a timeout after this point ends the stream in-band
-        return out
-
-    async def _answer_stream(self, request: web.Request, head: DecodeHead
-                             ) -> web.StreamResponse:
-        out = await self._open_stream(request, head)
-        await out.write(head.first)
-        try:
-            async for chunk in head.resp.content.iter_any():
-                await out.write(chunk)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            # decode went away mid-stream: bytes were sent, so no retry; end with an error
-            logger.warning("decode stream broke off: %r", e)
-            await out.write(b"data: " + error_body(502, f"decode connection lost: {e!r}")
-                            + b"\n\n")
         await out.write_eof()
         return out
 
@@ -486,23 +407,3 @@ async def _first_done(futures: set[asyncio.Future], timeout: float
 def _swallow(task: asyncio.Future) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: no "exception never retrieved" noise
-
-
-async def _merge_prompt_logprobs(decode_body: bytes, p_task: asyncio.Future) -> bytes:
-    """Copy the prompt logprobs (``input_*`` meta fields) that only a prefill computes into
-    decode's answer, when decode's lacks them; waits briefly for prefill's answer."""
-    try:
-        result: LegResult = await asyncio.wait_for(asyncio.shield(p_task), 5.0)
-        prefill_meta = orjson.loads(result.body).get("meta_info") or {}
-        answer = orjson.loads(decode_body)
-    except (asyncio.TimeoutError, aiohttp.ClientError, OSError, ValueError, AttributeError):
-        return decode_body
-    meta = answer.get("meta_info") if isinstance(answer, dict) else None
-    if not isinstance(meta, dict):
-        return decode_body
-    merged = False
-    for key, value in prefill_meta.items():
-        if key.startswith("input_") and value and not meta.get(key):
-            meta[key] = value
-            merged = True
-    return orjson.dumps(answer) if merged else decode_body

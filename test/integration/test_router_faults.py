@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(240)
 
 # 16-token chunks: a 2000-token prompt keeps a prefill busy for a while, so the kill lands
 # while requests are in flight on both legs
-PREFILL_FLAGS = ("--chunked-prefill-size", "16")
+# no prefix cache: the victim must still be prefilling the (repeated) LONG prompt when killed
+PREFILL_FLAGS = ("--chunked-prefill-size", "16", "--disable-radix-cache")
 SAMPLING = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 LONG = {"input_ids": [3 + (j * 7919) % 6000 for j in range(2000)], "sampling_params": SAMPLING}
 SHORT = {"input_ids": [3 + (j * 31) % 500 for j in range(20)], "sampling_params": SAMPLING}

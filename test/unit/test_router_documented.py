@@ -58,7 +58,7 @@ async def test_a_queued_request_is_served_when_the_slot_frees_and_a_full_queue_r
         d = c.decodes[0]
         d.hung = True  # holds every answer until released below
         first = asyncio.ensure_future(c.client.post(c.url + "/generate", json=GEN))
-        await _until(c.service.admission.slots.locked, "the first took the slot")
+        await _until(lambda: c.service.admission.active == c.service.admission.max_active, "the first took the slot")
         second = asyncio.ensure_future(c.client.post(c.url + "/generate", json=GEN))
         await _until(lambda: c.service.admission.waiting == 1, "the second is queued")
         # the queue (size 1) is full: a third is refused at once, not queued
