@@ -84,7 +84,9 @@ def test_tp2_server_equals_tp1_and_sigterm_drains_every_rank(tiny_llama_kv1: str
         assert result["r"].status_code == 200, result["r"].text
         assert len(result["r"].json()["output_ids"]) == 150
         assert server.proc.wait(60) == 0
-        assert not [p for p in tree if _alive(p)], "a rank outlived its server"
+        # a rank the engine could not wait for (the frontend's join gave up first under load)
+        # ends through its parent-death signal: within seconds, never left behind
+        wait_until(lambda: not [p for p in tree if _alive(p)], 15, "every rank to exit with its server")
     finally:
         server.stop()
 
