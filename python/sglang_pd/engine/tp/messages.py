@@ -10,6 +10,8 @@ import os
 
 import msgspec
 
+from sglang_pd.protocol import encode as encode  # the one msgpack encoder, re-exported for the ranks
+
 
 class TPInit(msgspec.Struct, tag="init"):
     num_pages: int  # rank 0's KV pool size: every rank holds the same pages (its KV heads)
@@ -42,13 +44,8 @@ class TPReady(msgspec.Struct, tag="ready"):
 
 ToRank = TPInit | StepPlan | TPShutdown
 
-_encoder = msgspec.msgpack.Encoder()
 _to_rank = msgspec.msgpack.Decoder(ToRank)
 _ready = msgspec.msgpack.Decoder(TPReady)
-
-
-def encode(msg: msgspec.Struct) -> bytes:
-    return _encoder.encode(msg)
 
 
 def decode_to_rank(data: bytes) -> ToRank:
