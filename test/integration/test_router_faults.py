@@ -68,6 +68,15 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[str, ob
         return "transport", repr(e)
 
 
+def _held(url: str) -> int:
+    """Requests a server holds: queued or running, and on a decode also those with pages
+    registered that wait for their KV (a decode runs each of these 8-token requests for a few
+    ms only, too short a window for polling under CI load; the KV wait lasts the prefill)."""
+    signals = load(url)
+    return (signals["num_reqs"] + signals["num_decode_prealloc_queue_reqs"]
+            + signals["num_decode_transfer_queue_reqs"])
+
+
 def _kill_mid_run(router, victim, busy_url: str, want: list[int]) -> list[tuple[bool, str, object]]:
     """Send 8 long requests (odd ones streamed), kill ``victim`` once ``busy_url`` holds work,
     and return (streamed, kind, value) for each; BOUND_S is a hang guard, not a bar."""
@@ -76,7 +85,7 @@ def _kill_mid_run(router, victim, busy_url: str, want: list[int]) -> list[tuple[
             bodies = [{**LONG, "stream": i % 2 == 1} for i in range(8)]
             tasks = [asyncio.ensure_future(_one(client, router.base_url + "/generate", b))
                      for b in bodies]
-            await asyncio.to_thread(wait_until, lambda: load(busy_url)["num_reqs"] > 0, 30,
+            await asyncio.to_thread(wait_until, lambda: _held(busy_url) > 0, 30,
                                     "the victim to hold requests")
             await asyncio.to_thread(kill_server, victim)
             return await asyncio.gather(*tasks)
