@@ -27,6 +27,9 @@ Derived bound (property-tested in test/unit/test_progress_properties.py): thrown
 work is at most ``MAX_PREFILL_PREEMPTIONS`` prompts per request, and with no running decode the
 reserve always fits (decodes that finish or are retracted give back every page they grew), so
 an idle engine with queued work always schedules something or aborts a request with a reason.
+With the prefix cache on (``core/radix_cache.py``), a preempted partial's filled pages join the
+tree, so its restart mostly hits them instead of recomputing; "thrown away" above is the bound
+without the cache (or after those pages are evicted), which the property tests check.
 """
 
 from __future__ import annotations
