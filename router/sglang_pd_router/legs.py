@@ -127,14 +127,16 @@ class Legs:
         """Charge decode's 5xx to the worker that caused it. Before its KV arrives a PD decode
         does nothing but wait for it, so a failure while the prefill has not answered is most
         often the transfer's (decode's waiting timeout while the prefill is dead, or busy with
-        a queue longer than that timeout): a decode that still answers its probe is not
-        charged and the retry prefers another prefill; a prefill that failed or fails its
-        probe is charged. After the prefill answered (its KV sent), the failure is decode's."""
+        a queue longer than that timeout): a decode that still answers its probe keeps its
+        circuit closed, and the retry prefers another pair (a decode refusing for its own
+        reason, e.g. full, is then not picked again while another is routable); a prefill
+        that failed or fails its probe is charged. After the prefill answered (its KV sent),
+        the failure is decode's."""
+        err.failed_decode = True  # avoided on the retry while another decode is routable
         if delivered(p_task) or not await self.alive(decode):
             decode.breaker.on_failure(time.monotonic())
-            err.failed_decode = True
             return
-        err.failed_prefill = True  # avoided on the retry while another prefill is routable
+        err.failed_prefill = True
         if p_task.done() or not await self.alive(prefill):
             prefill.breaker.on_failure(time.monotonic())
 
