@@ -7,7 +7,9 @@ the router's. For each router the script measures, in one run:
 - added latency to the first byte and to the last, p50 and p99, on streamed ``/generate`` at a
   fixed open-loop rate (default 500 req/s): the router's percentile minus the same percentile
   sent straight to the decode stub (no pairing per request is possible);
-- max requests/s: closed loop, non-streamed, ``--concurrency`` in flight;
+- max requests/s: closed loop, non-streamed, ``--concurrency`` in flight, and the router's CPU
+  time per request in that phase (``/proc/PID/stat`` utime+stime, all threads): the steadier
+  measure when the machine is shared, since the rate and the tail measure the neighbours too;
 - first byte with a late prefill (``--first-ms`` = ``--late-ms`` on the prefill stub only): a
   router that streams decode's answer from its first byte stays near the baseline; one that
   waits for the prefill's response adds the prefill's delay.
@@ -152,7 +154,7 @@ async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, durati
 
 
 async def closed_loop(client: aiohttp.ClientSession, url: str, concurrency: int,
-                      duration: float) -> float:
+                      duration: float) -> tuple[float, int]:
     body = {**BODY, "stream": False}
     done = 0
     deadline = time.perf_counter() + duration
@@ -166,7 +168,14 @@ async def closed_loop(client: aiohttp.ClientSession, url: str, concurrency: int,
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / (time.perf_counter() - t0)
+    return done / (time.perf_counter() - t0), done
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), in seconds (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -193,8 +202,8 @@ async def bench(args: argparse.Namespace) -> None:
         async with aiohttp.ClientSession(connector=connector) as client:
             await wait_ready(client, decode)
             base = await open_loop(client, decode.url, args.rate, args.duration)
-            rows.append(("direct (baseline)", base, await closed_loop(
-                client, decode.url, args.concurrency, args.duration), None))
+            base_rps, _ = await closed_loop(client, decode.url, args.concurrency, args.duration)
+            rows.append(("direct (baseline)", base, base_rps, None, None))
             for kind in args.routers:
                 if kind == "smg" and not _has_smg():
                     print("smg is not installed (pip install smg): skipped")
@@ -204,7 +213,10 @@ async def bench(args: argparse.Namespace) -> None:
                 await wait_ready(client, router)
                 await open_loop(client, router.url, args.rate, 1.0)  # warm-up
                 lat = await open_loop(client, router.url, args.rate, args.duration)
-                rps = await closed_loop(client, router.url, args.concurrency, args.duration)
+                cpu0 = cpu_s(router.proc.pid)
+                rps, done = await closed_loop(client, router.url, args.concurrency,
+                                              args.duration)
+                cpu_us = (cpu_s(router.proc.pid) - cpu0) / max(done, 1) * 1e6
                 router.stop()
                 late = start_router(kind, late_prefill.url, decode.url, router_core, log_dir)
                 procs.append(late)
@@ -213,7 +225,7 @@ async def bench(args: argparse.Namespace) -> None:
                 for _ in range(args.late_requests):
                     await one_stream(client, late.url, late_samples)
                 late.stop()
-                rows.append((kind, lat, rps, late_samples))
+                rows.append((kind, lat, rps, late_samples, cpu_us))
     finally:
         for p in procs:
             p.stop()
@@ -234,23 +246,25 @@ def print_table(rows, base: Samples, args: argparse.Namespace) -> None:
           f"max req/s: closed loop, {args.concurrency} in flight; late prefill: "
           f"{args.late_ms:g} ms, {args.late_requests} sequential requests")
     print(f"{'router':<18} {'n':>6} {'err':>4} {'+first p50':>11} {'+first p99':>11} "
-          f"{'+last p50':>10} {'+last p99':>10} {'max req/s':>10} {'late-prefill first p50':>23}")
-    for name, s, rps, late in rows:
+          f"{'+last p50':>10} {'+last p99':>10} {'max req/s':>10} {'cpu us/req':>10} "
+          f"{'late-prefill first p50':>23}")
+    for name, s, rps, late, cpu in rows:
         def added(values: list[float], ref: list[float], q: float) -> str:
             return f"{(pct(values, q) - pct(ref, q)) * ms:.2f}"
         late_text = "-" if late is None else (
             f"{statistics.median(late.first) * ms:.1f} ms" if late.first else "errors")
         print(f"{name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
               f"{added(s.first, base.first, 99):>11} {added(s.last, base.last, 50):>10} "
-              f"{added(s.last, base.last, 99):>10} {rps:>10.0f} {late_text:>23}")
-    by_name = {name: (s, rps) for name, s, rps, _ in rows}
+              f"{added(s.last, base.last, 99):>10} {rps:>10.0f} "
+              f"{'-' if cpu is None else f'{cpu:.0f}':>10} {late_text:>23}")
+    by_name = {name: (s, rps, cpu) for name, s, rps, _, cpu in rows}
     if "ours" in by_name and "smg" in by_name:
-        (ours, ours_rps), (smg, smg_rps) = by_name["ours"], by_name["smg"]
+        (ours, ours_rps, ours_cpu), (smg, smg_rps, smg_cpu) = by_name["ours"], by_name["smg"]
         p99 = [(pct(x.first, 99) - pct(base.first, 99)) * ms for x in (ours, smg)]
         ratio = p99[0] / p99[1] if p99[1] > 0 else float("inf")
         print(f"ours/smg: added first p99 {p99[0]:.2f}/{p99[1]:.2f} ms = {ratio:.2f}x "
               f"(bar: under 2 ms and at most 1.5x); max req/s {ours_rps / smg_rps:.2f}x "
-              f"(bar: at least 0.9x)")
+              f"(bar: at least 0.9x); cpu/request {ours_cpu / smg_cpu:.2f}x")
     print(f"(baseline absolute: first p50 {pct(base.first, 50) * ms:.2f} ms, "
           f"p99 {pct(base.first, 99) * ms:.2f} ms; added = router percentile - baseline's)")
 

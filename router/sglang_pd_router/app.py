@@ -1,14 +1,13 @@
-"""The router's HTTP service (aiohttp): generation routes with dual dispatch, worker admin,
-health and metrics. ``RouterService`` owns the state; ``run_router`` serves it until stopped."""
+"""The router's HTTP service (aiohttp): ``RouterService`` owns the state (workers, policies,
+admission, the client session) and answers the generation routes (bound, classify, admit,
+dual dispatch); admin.py answers the others, and server.py serves it until stopped."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import logging
 import math
-import signal
 import time
 from typing import Any
 
@@ -22,15 +21,16 @@ from .classify import BatchNotSupported, InvalidPrompt, LengthEstimator, prompt_
 from .config import RouterConfig
 from .guard import HOP_HEADER, THREAD_PARSE_BYTES, ClientError, Guard
 from .limits import INLINE_TOKENIZE_CHARS, MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN
-from .metrics import CONTENT_TYPE, RouterMetrics
+from .metrics import RouterMetrics
 from .monitor import WorkerMonitor
 from .policies import RouteRequest, RoutingConfig, create_routing_policy
 from .policies.queue_order import create_queue_order
 from .policies.cache_aware import request_prefix_blocks
+from .admin import AdminRoutes
 from .answer import STREAM_KEY, error_body, error_response
 from .proxy import Dispatcher
 from .request_class import SHORT_PREFILL_THRESHOLD, classify
-from .workers import Worker, WorkerRegistry, validate_url
+from .workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +117,7 @@ class RouterService:
         app.on_cleanup.append(self.stop)
         for path in GENERATION_ROUTES:
             app.router.add_post(path, self._generation_handler(path))
-        for path in ("/v1/models", "/get_model_info", "/model_info"):
-            app.router.add_get(path, self._forward_get(path))
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/readiness", self.health)
-        app.router.add_get("/metrics", self.render_metrics)
-        app.router.add_get("/workers", self.list_workers)
-        app.router.add_post("/workers", self.add_worker)
-        app.router.add_delete("/workers", self.remove_worker)
+        AdminRoutes(self).add_to(app)
         return app
 
     # ------------------------------------------------------------------ generation
@@ -241,152 +234,3 @@ class RouterService:
         if resp.status >= 400:
             m.child(m.failures, cls or "none", resp.status).inc()
         return resp
-
-    # ------------------------------------------------------------------ other routes
-    def _forward_get(self, path: str):
-        async def handler(request: web.Request) -> web.Response:
-            assert self.session is not None
-            now = time.monotonic()
-            candidates = sorted(self.registry.by_kind["decode"] + self.registry.by_kind["prefill"],
-                                key=lambda w: not w.routable(now))
-            for worker in candidates:
-                try:
-                    async with self.session.get(worker.url + path, headers=self.worker_headers,
-                                                timeout=aiohttp.ClientTimeout(total=10)) as r:
-                        return web.Response(body=await r.read(), status=r.status,
-                                            content_type=r.content_type or "application/json")
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-                    continue
-            return error_response(503, "no worker answered")
-        return handler
-
-    async def health(self, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        healthy = {kind: sum(w.routable(now) for w in workers)
-                   for kind, workers in self.registry.by_kind.items()}
-        ok = healthy["prefill"] > 0 and healthy["decode"] > 0
-        body = {"status": "ok" if ok else "unavailable", "healthy_workers": sum(healthy.values()),
-                "healthy_prefill": healthy["prefill"], "healthy_decode": healthy["decode"]}
-        return web.Response(body=orjson.dumps(body), status=200 if ok else 503,
-                            content_type="application/json")
-
-    async def render_metrics(self, request: web.Request) -> web.Response:
-        resp = web.Response(body=self.metrics.render())
-        resp.headers["Content-Type"] = CONTENT_TYPE
-        return resp
-
-    async def list_workers(self, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        body = {"workers": [w.describe(now) for w in self.registry.all()],
-                "short_prefill_threshold": self.threshold,
-                "pools": self.registry.pool_sizes(),
-                "pool_pressures": (self.monitor.controller.last_pressures
-                                   if self.monitor and self.monitor.controller else None)}
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
-
-    async def add_worker(self, request: web.Request) -> web.Response:
-        """``{"url": ..., "kind": "prefill"|"decode", "bootstrap_port": N}``: validated, then
-        probed (it must answer /health, must not be this router, and the role and bootstrap
-        port it reports must agree); only then does it get traffic."""
-        body = await self.guard.read_json(request)
-        url, kind = body.get("url"), body.get("kind")
-        port = body.get("bootstrap_port")
-        try:
-            url = validate_url(url)
-        except ValueError as e:
-            return error_response(400, str(e))
-        if kind not in ("prefill", "decode"):
-            return error_response(400, "'kind' must be 'prefill' or 'decode'")
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                                 or not 0 < port < 65536):
-            return error_response(400, "'bootstrap_port' must be a port number or null")
-        if kind == "prefill" and "bootstrap_port" not in body:
-            return error_response(400, "a prefill worker needs 'bootstrap_port' (null for none)")
-        if self.registry.find(url) is not None:
-            return error_response(409, f"worker {url} is already registered")
-        assert self.monitor is not None
-        problem = await self.monitor.probe_new(url, kind, port, self.guard.router_id)
-        if problem is not None:
-            return error_response(problem[0], problem[1])
-        try:
-            worker = self.registry.add(url, kind, port)
-        except ValueError as e:  # registered meanwhile
-            return error_response(409, str(e))
-        await self.monitor.discover(worker)
-        return web.Response(body=orjson.dumps(worker.describe(time.monotonic())),
-                            content_type="application/json")
-
-    async def remove_worker(self, request: web.Request) -> web.Response:
-        """``?url=...`` or ``{"url": ...}``; in-flight requests there finish."""
-        url = request.query.get("url") or (await self.guard.read_json(request)).get("url")
-        if not isinstance(url, str):
-            return error_response(400, "give the worker's 'url'")
-        try:
-            worker: Worker = self.registry.remove(url)
-        except KeyError:
-            return error_response(404, f"no worker {url}")
-        return web.Response(body=orjson.dumps({"removed": worker.url}),
-                            content_type="application/json")
-
-
-async def make_runner(service: RouterService) -> web.AppRunner:
-    """The service's runner, set up, with the slow-client guards: a connection that has not
-    delivered a request head within ``client_idle_timeout_s`` (aiohttp's keep-alive timer also
-    runs from the connection's start) is closed, and connections past ``max_connections`` are
-    closed as they arrive."""
-    cfg = service.cfg
-    runner = web.AppRunner(service.make_app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=cfg.client_idle_timeout_s)
-    await runner.setup()
-    server = runner.server
-    assert server is not None
-    accept = server.connection_made
-
-    def capped(handler: Any, transport: Any) -> None:
-        accept(handler, transport)
-        if len(server.connections) > cfg.max_connections:
-            service.metrics.rejected.labels("connections").inc()
-            handler.force_close()
-            transport.close()
-
-    server.connection_made = capped  # type: ignore[method-assign]
-    return runner
-
-
-async def serve(cfg: RouterConfig) -> None:
-    service = RouterService(cfg)
-    runner = await make_runner(service)
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
-    await site.start()
-    # start-up objects (modules, tokenizer, app) never die: freezing them keeps every full
-    # collection from walking them, and a larger first generation means fewer collections
-    # under a request load that allocates many short-lived objects (the tail of its latency)
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
-    logger.info("sglang-pd-router listening on http://%s:%d (%d prefill, %d decode)",
-                cfg.host, cfg.port, len(cfg.prefills), len(cfg.decodes))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # not on this platform
-            pass
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-def run_router(cfg: RouterConfig) -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    try:
-        asyncio.run(serve(cfg))
-    except KeyboardInterrupt:
-        pass

@@ -213,6 +213,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .app import run_router  # aiohttp is imported only when serving
+    from .server import run_router  # aiohttp is imported only when serving
 
     run_router(cfg)

@@ -7,7 +7,8 @@ which decode returns too). Until the first byte of decode's answer is in hand, a
 leg (connect error, 5xx, an SSE error event with a 5xx code, a prefill 5xx) cancels both legs and
 tries again after a backoff, with a new room and avoiding the failed worker; a prefill 4xx is the
 client's error and is answered at once. After the first byte, errors pass through as decode sends
-them, or as an SSE error event when decode's connection breaks.
+them, or as an SSE error event when decode's connection breaks. legs.py waits on the two legs
+and charges a failed try to the worker that caused it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .answer import (DecodeHead, LegResult, answer_stream, answer_whole, error_response, open_stream, passthrough, sse_error_status)
+from .answer import (DecodeHead, answer_stream, answer_whole, error_response, open_stream,
+                     passthrough, sse_error_status)
+from .legs import RETRY_STATUSES, AttemptError, Legs, RouteError, swallow
 from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
 from .request_class import class_headers
@@ -36,18 +39,7 @@ logger = logging.getLogger(__name__)
 
 # rooms need to be unique, not secret: a fast generator seeded from the OS
 _ROOMS = random.Random(int.from_bytes(os.urandom(16), "little"))
-_RETRY_STATUSES = frozenset({500, 502, 503, 504})
 _FORWARDED_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-request-id")
-
-
-class RouteError(Exception):
-    """An answer the router gives itself (no worker's response to pass on)."""
-
-    def __init__(self, status: int, message: str, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retriable = retriable
 
 
 class Dispatcher:
@@ -62,15 +54,13 @@ class Dispatcher:
         self.registry = registry
         self.prefill_policy = prefill_policy
         self.decode_policy = decode_policy
-        self.session = session
         self.worker_headers = worker_headers
         self.max_retries = max_retries
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.request_timeout_s = request_timeout_s
-        self.kv_deadline_s = kv_deadline_s
-        self.first_byte_timeout_s = first_byte_timeout_s
-        self.probe_timeout_s = probe_timeout_s
+        self.legs = Legs(session, worker_headers, kv_deadline_s, first_byte_timeout_s,
+                         probe_timeout_s)
         self.max_migrations = max_migrations  # per request; 0: a broken stream ends in error
         self.on_routed = on_routed
         self.on_retry = on_retry
@@ -85,30 +75,6 @@ class Dispatcher:
         if index is None:
             raise RouteError(503, f"no healthy {kind} worker", retriable=True)
         return workers[index]
-
-    # ------------------------------------------------------------------ legs
-    async def _prefill_leg(self, worker: Worker, path: str, data: bytes,
-                           headers: dict[str, str], tokens: int) -> LegResult:
-        worker.in_flight += 1
-        worker.outstanding_prefill_tokens += tokens
-        try:
-            async with self.session.post(worker.url + path, data=data, headers=headers) as resp:
-                return LegResult(resp.status, await resp.read())
-        finally:
-            worker.in_flight -= 1
-            worker.outstanding_prefill_tokens -= tokens
-
-    async def _decode_head(self, worker: Worker, path: str, data: bytes,
-                           headers: dict[str, str], stream: bool) -> DecodeHead:
-        resp = await self.session.post(worker.url + path, data=data, headers=headers)
-        try:
-            if stream and resp.status == 200:
-                first = await resp.content.readany()
-                return DecodeHead(resp, first, done=not first)
-            return DecodeHead(resp, await resp.read(), done=True)
-        except BaseException:
-            resp.close()
-            raise
 
     # ------------------------------------------------------------------ one request
     async def serve(self, request: web.Request, path: str, data: bytes, body: dict[str, Any],
@@ -175,9 +141,9 @@ class Dispatcher:
                            decode.url, result.message)
         if last_error is None:  # only with max_retries < 0
             last_error = RouteError(503, "no attempt made")
-        if isinstance(last_error, _AttemptError) and last_error.response is not None:
+        if isinstance(last_error, AttemptError) and last_error.response is not None:
             return last_error.response
-        if isinstance(last_error, _AttemptError):  # the details (URLs, errors) are in the log
+        if isinstance(last_error, AttemptError):  # the details (URLs, errors) are in the log
             which = "prefill" if last_error.failed_prefill else "decode"
             return error_response(last_error.status, f"the {which} worker failed "
                                   f"({last_error.status}) on every try")
@@ -187,12 +153,12 @@ class Dispatcher:
                         headers: dict[str, str], route_req: RouteRequest, stream: bool,
                         prefill: Worker, decode: Worker, body: dict[str, Any],
                         resume: Resume | None = None, handoff: bool = False
-                        ) -> web.StreamResponse | _AttemptError | _Handoff:
+                        ) -> web.StreamResponse | AttemptError | _Handoff:
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
         loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
-        p_task = loop.create_task(self._prefill_leg(prefill, path, data, headers, tokens))
+        p_task = loop.create_task(self.legs.prefill(prefill, path, data, headers, tokens))
         decode.in_flight += 1
-        d_task = loop.create_task(self._decode_head(decode, path, data, headers, stream))
+        d_task = loop.create_task(self.legs.decode_head(decode, path, data, headers, stream))
         head: DecodeHead | None = None
         answered = False
         answer: web.StreamResponse
@@ -200,26 +166,25 @@ class Dispatcher:
         prefill.watchers.add(down)  # resolved if either worker turns unhealthy meanwhile
         decode.watchers.add(down)
         try:
-            failed = await self._await_decode_head(p_task, d_task, down, prefill, decode,
-                                                   stream)
+            failed = await self.legs.await_decode_head(p_task, d_task, down, prefill,
+                                                       decode, stream)
             if failed is not None:
                 return failed
             try:
                 head = d_task.result()
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 decode.breaker.on_failure(time.monotonic())
-                return _AttemptError(502, f"decode {decode.url} failed: {e!r}",
-                                     failed_decode=True)
+                return AttemptError(502, f"decode {decode.url} failed: {e!r}",
+                                    failed_decode=True)
             status = head.resp.status
             first_error = sse_error_status(head.first) if stream and status == 200 else None
-            if status in _RETRY_STATUSES or (first_error is not None and first_error >= 500):
-                decode.breaker.on_failure(time.monotonic())
+            if status in RETRY_STATUSES or (first_error is not None and first_error >= 500):
                 message = head.first.decode(errors="replace")[:500]
-                # the prefill's failure explains decode's 502 better, when it has one
-                return _AttemptError(status if first_error is None else first_error,
-                                     f"decode {decode.url} answered {status}: {message}",
-                                     failed_decode=True,
-                                     response=passthrough(head))
+                err = AttemptError(status if first_error is None else first_error,
+                                   f"decode {decode.url} answered {status}: {message}",
+                                   response=passthrough(head))
+                await self.legs.charge_decode_failure(err, p_task, prefill, decode)
+                return err
             decode.breaker.on_success()
             if handoff and stream and status == 200:
                 answered = True  # the caller reads and closes decode's stream
@@ -246,96 +211,13 @@ class Dispatcher:
             if not d_task.done():
                 d_task.cancel()
             if p_task.done():
-                _swallow(p_task)
+                swallow(p_task)
             elif answered:  # prefill finishes on its own; keep a reference till then
                 self._background.add(p_task)
                 p_task.add_done_callback(self._background.discard)
-                p_task.add_done_callback(_swallow)
+                p_task.add_done_callback(swallow)
             else:
                 p_task.cancel()
-
-    async def _await_decode_head(self, p_task: asyncio.Future, d_task: asyncio.Future,
-                                 down: asyncio.Future, prefill: Worker, decode: Worker,
-                                 stream: bool) -> _AttemptError | None:
-        """Wait for decode's first byte with the legs' liveness checks: the prefill's answer
-        (its KV sent) by ``kv_deadline_s``, then a streamed decode's first byte by
-        ``first_byte_timeout_s``. At a deadline the workers are probed: a silent one fails
-        the try; if both answer, the request is slow, not stuck, and waits on. A worker turning
-        unhealthy fails the try at once. Failures are charged to the worker that caused them:
-        a prefill error while decode is silent is decode's (it never fetched its KV)."""
-        loop = asyncio.get_running_loop()
-        pending = {p_task, d_task, down}
-        prefill_done = False
-        wake_at = loop.time() + self.kv_deadline_s
-        while d_task in pending:
-            done, pending = await _first_done(pending, max(wake_at - loop.time(), 0))
-            if down in done:
-                sick: Worker = down.result()
-                return _AttemptError(503, f"{sick.kind} {sick.url} turned unhealthy",
-                                     failed_prefill=sick is prefill,
-                                     failed_decode=sick is decode)
-            if p_task in done:
-                err = self._prefill_failure(p_task, prefill)
-                if err is not None:
-                    if err.failed_prefill and d_task not in done \
-                            and not await self._alive(decode):
-                        return self._decode_silent(decode, "the prefill's KV transfer failed")
-                    if err.failed_prefill:
-                        prefill.breaker.on_failure(time.monotonic())
-                    return err
-                prefill.breaker.on_success()
-                prefill_done = True
-                wake_at = loop.time() + self.first_byte_timeout_s
-            if done or d_task not in pending:
-                continue
-            # a deadline passed with nothing new
-            if not await self._alive(decode):
-                return self._decode_silent(decode, "no first byte")
-            if not prefill_done and not await self._alive(prefill):
-                prefill.breaker.on_failure(time.monotonic())
-                return _AttemptError(504, f"prefill {prefill.url} did not answer within "
-                                     f"{self.kv_deadline_s:g}s nor its health probe",
-                                     failed_prefill=True)
-            if prefill_done and stream:
-                decode.breaker.on_failure(time.monotonic())
-                return _AttemptError(504, f"decode {decode.url} sent no first byte within "
-                                     f"{self.first_byte_timeout_s:g}s of the prefill's answer",
-                                     failed_decode=True)
-            wake_at = loop.time() + (self.first_byte_timeout_s if prefill_done
-                                     else self.kv_deadline_s)
-        return None
-
-    def _decode_silent(self, decode: Worker, what: str) -> _AttemptError:
-        decode.breaker.on_failure(time.monotonic())
-        return _AttemptError(504, f"decode {decode.url} is not answering ({what}; its health "
-                             f"probe failed)", failed_decode=True)
-
-    async def _alive(self, worker: Worker) -> bool:
-        """One quick /health probe (an attribution, not the monitor's verdict)."""
-        try:
-            async with self.session.get(worker.url + "/health", headers=self.worker_headers,
-                                        timeout=aiohttp.ClientTimeout(
-                                            total=self.probe_timeout_s)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return False
-
-    def _prefill_failure(self, p_task: asyncio.Future, prefill: Worker) -> _AttemptError | None:
-        try:
-            result: LegResult = p_task.result()
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            return _AttemptError(502, f"prefill {prefill.url} failed: {e!r}", failed_prefill=True)
-        if result.status in _RETRY_STATUSES:  # the caller charges the right worker
-            return _AttemptError(result.status, f"prefill {prefill.url} answered "
-                                 f"{result.status}: {result.body[:500].decode(errors='replace')}",
-                                 failed_prefill=True)
-        if result.status >= 400:  # the request itself is bad: decode can never get its KV
-            prefill.breaker.on_success()
-            resp = web.Response(body=result.body, status=result.status,
-                                content_type="application/json")
-            return _AttemptError(result.status, "prefill refused the request",
-                                 retriable=False, response=resp)
-        return None
 
     async def _answer_migrating(self, request: web.Request, head: DecodeHead, decode: Worker,
                                 resume: Resume, path: str, headers: dict[str, str],
@@ -354,8 +236,8 @@ class Dispatcher:
             return None
 
         await relay_with_migration(
-            out, head.resp, head.first, decode, resume, reopen, self._alive,
-            self.first_byte_timeout_s,
+            out, head.resp, head.first, decode, resume, reopen, self.legs.alive,
+            self.legs.first_byte_timeout_s,
             lambda w: w.breaker.on_failure(time.monotonic()))
         await out.write_eof()
         return out
@@ -366,44 +248,3 @@ class _Handoff:
     """A decode stream opened to resume a migrated request: the caller owns ``head``."""
     head: DecodeHead
     decode: Worker
-
-
-class _AttemptError(RouteError):
-    def __init__(self, status: int, message: str, *, retriable: bool = True,
-                 failed_prefill: bool = False, failed_decode: bool = False,
-                 response: web.Response | None = None) -> None:
-        super().__init__(status, message, retriable)
-        self.failed_prefill = failed_prefill
-        self.failed_decode = failed_decode
-        self.response = response  # what to answer if this is the last try
-
-
-async def _first_done(futures: set[asyncio.Future], timeout: float
-                      ) -> tuple[set[asyncio.Future], set[asyncio.Future]]:
-    """``asyncio.wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)`` without its
-    argument checks and per-call set copies: it runs once or twice per request."""
-    done = {f for f in futures if f.done()}
-    if not done:
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        timer = loop.call_later(timeout, wake)
-        for f in futures:
-            f.add_done_callback(wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            for f in futures:
-                f.remove_done_callback(wake)
-        done = {f for f in futures if f.done()}
-    return done, futures - done
-
-
-def _swallow(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: no "exception never retrieved" noise

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from sglang_pd_router.app import RouterService, make_runner
+from sglang_pd_router.app import RouterService
+from sglang_pd_router.server import make_runner
 from sglang_pd_router.config import PrefillSpec, RouterConfig
 from sglang_pd_router.fake_worker import FakeWorker
 

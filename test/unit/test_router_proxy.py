@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -97,6 +98,33 @@ async def test_decode_failures_are_retried_and_error_events_too() -> None:
         ds[0].behaviour = FakeBehaviour(drop_connection=True)
         async with client.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}) as r:
             assert r.status == 200, await r.text()
+
+
+async def test_kv_failure_before_the_prefill_answers_is_not_decodes_fault() -> None:
+    """Issue 32: a decode that fails its room (its stream's first event a KV-transfer error)
+    while the prefill is still computing did nothing wrong: the request is retried with a new
+    room and decode's circuit stays closed; once the prefill has answered (its KV sent), the
+    same failure is decode's."""
+    async with cluster(n_prefill=2, n_decode=2, prefill_policy="round_robin",
+                       decode_policy="round_robin", cb_failure_threshold=1,
+                       cb_timeout_s=3600) as (url, client, ps, ds, svc):
+        for p in ps:
+            p.behaviour = FakeBehaviour(delay_s=1.0)  # still prefilling when decode gives up
+        ds[0].behaviour = FakeBehaviour(stream_error_code=502)
+        async with client.post(url + "/generate", json={**GEN, "stream": True}) as r:
+            events = await _events(r)
+            assert r.status == 200 and "error" not in events[0], events
+        assert len(ds[0].bodies) == 1 and len(ds[1].bodies) == 1
+        assert ds[0].bodies[0]["bootstrap_room"] != ds[1].bodies[0]["bootstrap_room"]
+        victim = svc.registry.find(ds[0].url)
+        assert victim.breaker.failures == 0 and victim.routable(time.monotonic())
+        for p in ps:
+            p.behaviour = FakeBehaviour()  # answers at once: the KV is on its way
+        ds[0].behaviour = FakeBehaviour(stream_error_code=502, delay_s=0.3)
+        for _ in range(2):  # round robin: one of the two lands on decode 0
+            async with client.post(url + "/generate", json={**GEN, "stream": True}) as r:
+                assert r.status == 200 and "error" not in (await _events(r))[0]
+        assert victim.breaker.failures == 1 and not victim.routable(time.monotonic())
 
 
 async def test_prefill_4xx_is_the_clients_error_and_not_retried() -> None:
