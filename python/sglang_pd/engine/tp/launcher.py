@@ -28,6 +28,8 @@ import zmq
 
 from sglang_pd.engine.tp.group import JOIN_TIMEOUT_S, make_group, make_store, share_cpu_threads
 from sglang_pd.engine.tp.messages import (
+    KVGather,
+    KVScatter,
     StepPlan,
     TPInit,
     TPShutdown,
@@ -163,7 +165,7 @@ class TPRanks:
                                    f"{timeout_s:g}s")
 
     # ------------------------------------------------------------------ serving
-    def send(self, plan: StepPlan) -> None:
+    def send(self, plan: StepPlan | KVGather | KVScatter) -> None:
         t0 = time.perf_counter()
         data = encode(plan)
         for sock in self.plan_socks:
