@@ -1,7 +1,8 @@
 """PD with tensor parallelism (issue 31): prefill and decode at different --tp-size on CPU with
 gloo, NIXL over loopback. P tp=2 -> D tp=1, P tp=1 -> D tp=2 and 2 -> 2 give the same greedy
-tokens as the colocated engine, every page comes back on both sides, and the KV bytes each
-request moved are printed per mapping (run with -s to see them). Then one rank of the TP=2
+tokens as the colocated engine (sent the way the routers send, and through our router and
+SGLang's), every page comes back on both sides, and the KV bytes each request moved are
+printed per mapping (run with -s to see them). Then one rank of the TP=2
 decode is killed mid-run: the decode server exits within seconds, its clients get errors (not
 hangs, not full answers) and the prefill frees every page.
 
@@ -30,7 +31,9 @@ from pd_utils import (
     nixl_missing,
     pd_request,
     start_decode,
+    start_pd_router,
     start_prefill,
+    start_router,
     stop_all,
     wait_free_pages,
 )
@@ -135,6 +138,28 @@ def test_pd_with_tp_equals_colocated(servers, reference, pair: str) -> None:
     assert moved == pages * 4 * 2 * 4 * 2 * 32 * 4, (pair, moved)
     print(f"\nPD tp {p_name[1]} -> {d_name[1]}: {moved / len(PROMPTS):.0f} KV bytes per request "
           f"({moved} for {len(PROMPTS)} requests, {tokens} prompt tokens, {pages} pages)")
+
+
+@pytest.mark.parametrize("router, pair", [("ours", "p2-d1"), ("sglang", "p1-d2")])
+def test_routers_drive_pd_with_tp(servers, reference, tmp_path, router: str, pair: str) -> None:
+    """Our router and SGLang's send only bootstrap_host/port/room: nothing new for TP."""
+    if router == "sglang":
+        pytest.importorskip("sglang_router", reason="sglang-router is not installed")
+    p_name, d_name = pair.split("-")
+    start = start_pd_router if router == "ours" else start_router
+    handle = start([servers[p_name]], [servers[d_name]], tmp_path)
+    try:
+        async def run():
+            async with async_client() as client:
+                return await asyncio.gather(*(client.post(
+                    handle.base_url + "/generate",
+                    json={"input_ids": ids, "sampling_params": SAMPLING}) for ids in PROMPTS))
+
+        for i, (r, want) in enumerate(zip(asyncio.run(run()), reference)):
+            assert r.status_code == 200, (router, i, r.text)
+            assert r.json()["output_ids"] == want, f"{router} {pair}: prompt {i} differs"
+    finally:
+        handle.stop()
 
 
 def _rank_pids(server_pid: int) -> list[int]:

@@ -53,6 +53,11 @@ class TPKVMover:
         shape[4] = num_kv_heads
         self.staging = torch.zeros(shape, dtype=pool.kv_buffer.dtype, device=pool.kv_buffer.device)
         self.stats = MoveStats()
+        # a collective failed here: the ranks may be inside one rank 0 left, so the group is out
+        # of step for good (PD's poll swallows the error; TPRanks.failure reads this and the
+        # engine exits). The launcher finds the mover on the runner.
+        self.broken = False
+        runner.tp_kv_mover = self
 
     def _announce(self, msg: KVGather | KVScatter) -> None:
         sink = cast(Callable[[Any], None] | None, self.runner.step_sink)
@@ -62,6 +67,21 @@ class TPKVMover:
 
     def gather(self, pages: list[int]) -> None:
         """Fill the staging copy of ``pages`` with every rank's KV heads of them."""
+        try:
+            self._gather(pages)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def scatter(self, pages: list[int]) -> None:
+        """Hand every rank (this one included) its KV heads of the staging copy of ``pages``."""
+        try:
+            self._scatter(pages)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _gather(self, pages: list[int]) -> None:
         t0 = time.perf_counter()
         self._announce(KVGather(list(pages)))
         idx = torch.tensor(pages, dtype=torch.long, device=self.staging.device)
@@ -73,8 +93,7 @@ class TPKVMover:
             torch.cuda.synchronize(self.staging.device)
         self._count(len(pages), t0, gathered=True)
 
-    def scatter(self, pages: list[int]) -> None:
-        """Hand every rank (this one included) its KV heads of the staging copy of ``pages``."""
+    def _scatter(self, pages: list[int]) -> None:
         t0 = time.perf_counter()
         self._announce(KVScatter(list(pages)))
         idx = torch.tensor(pages, dtype=torch.long, device=self.staging.device)
