@@ -238,6 +238,7 @@ class EngineStats(msgspec.Struct):
     num_transfer_failed_reqs_total: int = 0
     kv_transfer_speed_gb_s: float = 0.0
     kv_transfer_latency_ms: float = 0.0
+    kv_transfer_bytes_total: int = 0  # prefill: KV bytes posted to decodes (all requests)
     # dual prefill queues and the router's pool controller (core/load_signals.py)
     prefill_role: str = "both"  # both | short | long (a label-like string, not a gauge)
     short_prefill_threshold: int = 0  # new tokens <= this are short (the fitted value under auto)

@@ -120,8 +120,6 @@ class ServerArgs(PolicyConfig):
             problems.append(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
         if self.tp_size < 1:
             problems.append(f"--tp-size must be >= 1, got {self.tp_size}")
-        elif self.tp_size > 1 and self.disaggregation_mode != "colocated":
-            problems.append(f"--tp-size {self.tp_size} runs colocated only for now (PD with TP: issue 31)")
         if self.load_format not in ("auto", "dummy", "safetensors"):
             problems.append(f"--load-format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -441,6 +442,23 @@ def test_inconsistent_values_fail_with_a_clear_message(values: dict[str, Any],
                                                        message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=message):
         _chart().render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_tp_per_pool_sets_gpus_and_tp_size_and_a_short_gpu_count_fails() -> None:
+    """Prefill at TP 2 and decode at TP 1 (issue 31): each pool's pod asks for its GPUs and
+    passes its --tp-size; a TP size above the pod's GPUs is refused when rendering."""
+    values = {"prefill": {"pools": {"main": {"gpus": 2, "engine": {"tpSize": 2}}}}}
+    sts = {s["metadata"]["name"]: s for s in by_kind(render(values), "StatefulSet")}
+    (prefill,) = [s for n, s in sts.items() if "prefill" in n]
+    (decode,) = [s for n, s in sts.items() if "decode" in n]
+    for obj, gpus, tp in ((prefill, 2, ["2"]), (decode, 1, [])):
+        server = container(obj, "server")
+        assert server["resources"]["limits"]["nvidia.com/gpu"] == gpus
+        assert flag_values(server["args"], "--tp-size") == tp
+    short = {"decode": {"pools": {"main": {"engine": {"tpSize": 4}}}}}
+    with pytest.raises(helm.HelmRenderError, match=re.escape(
+            'decode pool "main": engine.tpSize 4 runs one rank per GPU, but gpus is 1')):
+        render(short)
 
 
 def test_model_init_script_puts_a_model_in_place_only_when_complete(tmp_path: Path) -> None:

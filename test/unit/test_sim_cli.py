@@ -72,6 +72,27 @@ def test_plan_finds_the_cheapest_meeting_cluster(capsys) -> None:
     assert shape == "2P+1D", out
 
 
+def test_plan_chooses_the_tp_size_too(capsys) -> None:
+    """--tp-choices: an instance at TP N takes N GPUs and costs as the analytic model at TP N;
+    a size the weights do not fit is skipped with the reason (issue 31 item 4)."""
+    code = main(["plan", *SMALL, "--profile", "llama-3-70b@h100", "--qps", "4",
+                 "--target-attainment", "0.5", "--max-gpus", "8", "--tp-choices", "1,2,4"])
+    captured = capsys.readouterr()
+    assert "TP1 skipped: llama-3-70b does not fit 1 x h100" in captured.err
+    rows = [re.match(r"\s*(\d+) GPUs\s+TP(\d) (\d+)P\+(\d+)D ", line) for line in captured.out.splitlines()]
+    rows = [tuple(map(int, m.groups())) for m in rows if m]
+    assert rows and {tp for _, tp, _, _ in rows} <= {2, 4}, captured.out
+    for gpus, tp, p, d in rows:
+        assert gpus == tp * (p + d), (gpus, tp, p, d)
+    if code == 0:
+        assert captured.out.split("cheapest: ")[1].startswith("TP"), captured.out
+    with pytest.raises(SystemExit):
+        main(["plan", *SMALL, "--target-attainment", "0.5", "--max-gpus", "4", "--tp-choices", "a"])
+    assert main(["plan", *SMALL, "--profile", "llama-3-8b@h100x2", "--target-attainment", "0.5",
+                 "--max-gpus", "4", "--tp-choices", "1,2"]) == 2
+    assert "needs an analytic MODEL@HW profile" in capsys.readouterr().err
+
+
 def test_plan_reports_an_unreachable_target(capsys) -> None:
     code = main(["plan", *SMALL, "--qps", "500", "--target-attainment", "0.99", "--max-gpus", "2"])
     assert code == 1 and "no cluster" in capsys.readouterr().out

@@ -125,6 +125,7 @@ class KVReceiverManager:
             agent_metadata=self._metadata,
             layout=self.transport.layout,
             dst_pages=list(dst_pages),
+            tp_size=getattr(self, "tp_size", 1),  # tp_sides.TPReceiverManager sets it
         )
         why = self.client.register(bootstrap_host, bootstrap_port, reg, now)
         if why is not None:  # never sent: no write can come, the pages are free at once

@@ -28,6 +28,9 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     layout: KVLayout
     dst_pages: list[int]
     version: int = PROTOCOL_VERSION
+    # decode's --tp-size: prefill maps KV heads per decode server from it (tp_mapping.py);
+    # pages travel with all KV heads whatever the sizes, so an old peer's default 1 is safe
+    tp_size: int = 1
 
 
 class Claim(msgspec.Struct, tag="claim", frozen=True):

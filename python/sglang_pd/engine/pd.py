@@ -24,6 +24,8 @@ from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
 if TYPE_CHECKING:
     import torch
 
+    from sglang_pd.engine.tp.kv_move import TPKVMover
+
 
 class PDHooks(Protocol):
     """Every point where PD changes what the engine does. The event lists are in the order
@@ -120,8 +122,10 @@ def failure_status(update: RoomUpdate) -> int:
 
 
 def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: torch.Tensor, host: str,
-                    bootstrap_port: int, num_reserved_decode_tokens: int, max_running: int) -> PDHooks:
-    """The hooks for ``--mode``, with the NIXL transport for the PD modes."""
+                    bootstrap_port: int, num_reserved_decode_tokens: int, max_running: int,
+                    kv_mover: TPKVMover | None = None) -> PDHooks:
+    """The hooks for ``--mode``, with the NIXL transport for the PD modes. With tensor
+    parallelism (``kv_mover``), NIXL moves rank 0's all-heads staging copy (engine/tp/kv_move.py)."""
     if mode == "colocated":
         return NullPD()
     import os
@@ -132,17 +136,24 @@ def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: 
     from sglang_pd.disaggregation.transfer.faults import maybe_wrap
     from sglang_pd.disaggregation.transfer.nixl_transport import NixlKVTransport
 
-    transport: KVTransport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", kv_buffer)
+    from sglang_pd.disaggregation.tp_sides import GatherTransport, TPReceiverManager, TPSenderManager
+
+    buffer = kv_mover.staging if kv_mover is not None else kv_buffer
+    tp_size = kv_mover.group.size if kv_mover is not None else 1
+    transport: KVTransport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", buffer)
     transport = maybe_wrap(transport, dict(os.environ))  # fault-injection tests only
     if mode == "prefill":
-        from sglang_pd.disaggregation.prefill_manager import KVSenderManager
         from sglang_pd.engine.pd_prefill import PrefillSide
 
-        return PrefillSide(scheduler, page_size, KVSenderManager(
-            transport, envs=DisaggEnvs.load(), bootstrap_host=host, bootstrap_port=bootstrap_port))
+        transport = GatherTransport(transport, kv_mover.gather if kv_mover is not None else None)
+        return PrefillSide(scheduler, page_size, TPSenderManager(
+            transport, tp_size, envs=DisaggEnvs.load(), bootstrap_host=host,
+            bootstrap_port=bootstrap_port))
     from sglang_pd.disaggregation.decode_manager import KVReceiverManager
     from sglang_pd.engine.pd_decode import DecodeSide
 
-    return DecodeSide(scheduler, page_size, KVReceiverManager(transport, envs=DisaggEnvs.load()),
+    mgr = (KVReceiverManager(transport, envs=DisaggEnvs.load()) if kv_mover is None else
+           TPReceiverManager(transport, tp_size, kv_mover.scatter, envs=DisaggEnvs.load()))
+    return DecodeSide(scheduler, page_size, mgr,
                       reserved_pages=pages_for(num_reserved_decode_tokens, page_size),
                       max_running=max_running)

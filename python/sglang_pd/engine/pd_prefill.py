@@ -138,7 +138,8 @@ class PrefillSide:
         return {**self.stats_.as_dict(), "num_prefill_bootstrap_queue_reqs": len(self.bootstrapping),
                 "num_prefill_inflight_queue_reqs": inflight,
                 "kv_transfer_speed_gb_s": self.stats_.last_speed_gb_s,
-                "kv_transfer_latency_ms": self.stats_.last_latency_ms}
+                "kv_transfer_latency_ms": self.stats_.last_latency_ms,
+                "kv_transfer_bytes_total": getattr(self.mgr.transport, "bytes_posted", 0)}
 
     def close(self) -> None:
         self.mgr.close()

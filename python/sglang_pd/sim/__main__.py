@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sglang_pd.sim.cli import PolicyPair, add_common, cluster_spec, cost_of, slo_of, workload_of
 from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.report import (class_ttft, format_class_ttft, format_run, metrics, plot_policy_sweep,
                                   plot_queues, run_info, summary_record,
                                   write_requests)
@@ -20,6 +21,13 @@ def _floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -67,23 +75,46 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def _tp_choices(a: argparse.Namespace) -> list[tuple[str, int, argparse.Namespace]]:
+    """(label prefix, GPUs per instance, flags) per TP size the planner may choose (--tp-choices:
+    each instance runs TP N on N GPUs, its step costs from the analytic model at TP N)."""
+    if not a.tp_choices:
+        return [("", a.gpus_per_instance, a)]
+    hw = a.profile.partition("@")[2]
+    if not hw or "x" in hw or a.profile.endswith(".json"):
+        raise ValueError(f"--tp-choices needs an analytic MODEL@HW profile without xTP, got {a.profile!r}")
+    out = []
+    for tp in a.tp_choices:
+        at = argparse.Namespace(**{**vars(a), "tp": tp})
+        try:
+            cost_of(at)  # a size the model does not fit (weights > memory) is no choice
+        except ValueError as e:
+            print(f"TP{tp} skipped: {e}", file=sys.stderr)
+            continue
+        out.append((f"TP{tp} ", tp, at))
+    return out
+
+
 def cmd_plan(a: argparse.Namespace) -> int:
     pairs = [PolicyPair.parse(p) for p in a.policies.split(",")]
-    gpi = a.gpus_per_instance
-    max_inst = a.max_gpus // gpi
     cands = []
-    for p in pairs:
-        for n in range(1, max_inst + 1):
-            if a.colocated_too or a.colocated:
-                cands.append(PlanCandidate(f"{n} colocated {p}", n * gpi, cluster_spec(a, p.prefill, p.decode, p.exact,
-                                                                                     num_colocated=n)))
-            if not a.colocated:
-                for n_p in range(1, n):
-                    cands.append(PlanCandidate(f"{n_p}P+{n - n_p}D {p}", n * gpi,
-                                               cluster_spec(a, p.prefill, p.decode, p.exact, num_prefill=n_p,
-                                                            num_decode=n - n_p, num_colocated=0)))
+    for tp_label, gpi, at in _tp_choices(a):
+        def cost(at: argparse.Namespace = at) -> StepCost:
+            return cost_of(at)
+
+        for p in pairs:
+            for n in range(1, a.max_gpus // gpi + 1):
+                if a.colocated_too or a.colocated:
+                    cands.append(PlanCandidate(f"{tp_label}{n} colocated {p}", n * gpi, cluster_spec(
+                        at, p.prefill, p.decode, p.exact, num_colocated=n), cost))
+                if not a.colocated:
+                    for n_p in range(1, n):
+                        cands.append(PlanCandidate(f"{tp_label}{n_p}P+{n - n_p}D {p}", n * gpi,
+                                                   cluster_spec(at, p.prefill, p.decode, p.exact,
+                                                                num_prefill=n_p, num_decode=n - n_p,
+                                                                num_colocated=0), cost))
     if not cands:
-        print(f"no candidate fits {a.max_gpus} GPUs at {gpi} per instance", file=sys.stderr)
+        print(f"no candidate fits {a.max_gpus} GPUs at {a.gpus_per_instance} per instance", file=sys.stderr)
         return 2
     best = plan(cands, lambda: cost_of(a), workload_of(a), slo_of(a), a.target_attainment, a.long_threshold)
     if best is None:
@@ -112,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--gpus-per-instance", type=int, default=1)
     pl.add_argument("--policies", default="fcfs/continuous", help="PREFILL/DECODE[@exact],... to consider")
     pl.add_argument("--colocated-too", action="store_true", help="also consider colocated clusters")
+    pl.add_argument("--tp-choices", type=_ints, default=None,
+                    help="TP sizes to choose from, e.g. 1,2,4 (an instance at TP N takes N GPUs; "
+                         "needs a MODEL@HW profile); default: --tp with --gpus-per-instance")
     a = ap.parse_args(argv)
     try:
         return {"run": cmd_run, "sweep": cmd_sweep, "plan": cmd_plan}[a.cmd](a)

@@ -54,6 +54,7 @@ class PlanCandidate:
     label: str
     gpus: int
     spec: ClusterSpec
+    cost_factory: Callable[[], StepCost] | None = None  # its own step costs (e.g. its TP size)
 
 
 def plan(candidates: Sequence[PlanCandidate], cost_factory: Callable[[], StepCost], workload: Workload,
@@ -66,7 +67,7 @@ def plan(candidates: Sequence[PlanCandidate], cost_factory: Callable[[], StepCos
     for cand in sorted(candidates, key=lambda c: c.gpus):
         if best is not None and cand.gpus > best[0].gpus:
             break
-        m, wall = simulate(cand.spec, cost_factory, workload, slo, long_threshold)
+        m, wall = simulate(cand.spec, cand.cost_factory or cost_factory, workload, slo, long_threshold)
         att = m.overall.slo_attainment or 0.0
         ok = att >= target
         log(f"{cand.gpus:4d} GPUs  {cand.label:<44} E2E attainment {100 * att:6.1f}%  "

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import msgspec
 import torch
@@ -28,6 +29,8 @@ import zmq
 
 from sglang_pd.engine.tp.group import JOIN_TIMEOUT_S, make_group, make_store, share_cpu_threads
 from sglang_pd.engine.tp.messages import (
+    KVGather,
+    KVScatter,
     StepPlan,
     TPInit,
     TPShutdown,
@@ -85,6 +88,7 @@ class TPRanks:
     # a forward failed on rank 0: the ranks may be inside a collective rank 0 left, so the
     # group is out of step for good and the engine must exit (engine_process polls this)
     broken: bool = False
+    kv_mover: Any = None  # PD with TP: rank 0's TPKVMover (its ``broken`` counts too)
     _closed: bool = False
 
     # ------------------------------------------------------------------ start-up
@@ -132,6 +136,7 @@ class TPRanks:
             sock.send(encode(TPInit(num_pages)))
         self._wait_all("ready", self.ready_timeout_s)
         runner.step_sink = self.send  # type: ignore[attr-defined]
+        self.kv_mover = getattr(runner, "tp_kv_mover", None)  # PD servers only (kv_move.py)
         forward = runner.forward  # type: ignore[attr-defined]
 
         def guarded(batch: object) -> object:
@@ -163,7 +168,7 @@ class TPRanks:
                                    f"{timeout_s:g}s")
 
     # ------------------------------------------------------------------ serving
-    def send(self, plan: StepPlan) -> None:
+    def send(self, plan: StepPlan | KVGather | KVScatter) -> None:
         t0 = time.perf_counter()
         data = encode(plan)
         for sock in self.plan_socks:
@@ -181,6 +186,8 @@ class TPRanks:
         dead = self.dead_rank()
         if dead is not None:
             return f"tensor-parallel rank {dead} died (exit code {self.procs[dead].returncode})"
+        if self.kv_mover is not None and self.kv_mover.broken:
+            return "a KV gather/scatter failed on rank 0; the ranks are out of step"
         return "a forward failed on rank 0; the ranks are out of step" if self.broken else None
 
     # ------------------------------------------------------------------ shutdown

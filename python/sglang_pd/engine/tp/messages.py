@@ -1,7 +1,8 @@
 """The typed messages between rank 0 and the other tensor-parallel ranks (msgpack; never pickle).
 
 rank 0 -> rank r (PUSH/PULL, one socket per rank, in order): TPInit once, then a StepPlan per
-forward, then TPShutdown. rank r -> rank 0 (one PULL for all): TPReady at each start-up stage.
+forward (in PD mode also KVGather / KVScatter between forwards), then TPShutdown.
+rank r -> rank 0 (one PULL for all): TPReady at each start-up stage.
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ class StepPlan(msgspec.Struct, tag="step"):
     pages: list[list[int]]  # each request's KV pages (same page numbers on every rank)
 
 
+class KVGather(msgspec.Struct, tag="kv_gather"):
+    """PD prefill with TP: send rank 0 your KV heads of ``pages`` (a gather collective right
+    after this message, in plan order; engine/tp/kv_move.py)."""
+
+    pages: list[int]
+
+
+class KVScatter(msgspec.Struct, tag="kv_scatter"):
+    """PD decode with TP: take your KV heads of ``pages`` from rank 0 (a scatter collective)."""
+
+    pages: list[int]
+
+
 class TPShutdown(msgspec.Struct, tag="shutdown"):
     reason: str = ""
 
@@ -42,7 +56,7 @@ class TPReady(msgspec.Struct, tag="ready"):
     error: str = ""
 
 
-ToRank = TPInit | StepPlan | TPShutdown
+ToRank = TPInit | StepPlan | KVGather | KVScatter | TPShutdown
 
 _to_rank = msgspec.msgpack.Decoder(ToRank)
 _ready = msgspec.msgpack.Decoder(TPReady)

@@ -1,9 +1,10 @@
 """A tensor-parallel rank > 0: ``python -m sglang_pd.engine.tp.worker ARGS_FILE RANK PORT PARENT``.
 
 It holds its shard of the weights and of the KV heads, and runs rank 0's plans: one forward per
-StepPlan, in order, nothing else (no scheduler, no sampler, no HTTP). It exits on TPShutdown,
-when rank 0 dies (PR_SET_PDEATHSIG, and a parent check while idle), or when a forward fails
-(its peers' collectives then fail at once instead of hanging, and rank 0 takes the server down).
+StepPlan, in order, and its part of a PD server's KV gather/scatter (kv_move.py); nothing else
+(no scheduler, no sampler, no HTTP). It exits on TPShutdown, when rank 0 dies (PR_SET_PDEATHSIG,
+and a parent check while idle), or when a forward fails (its peers' collectives then fail at
+once instead of hanging, and rank 0 takes the server down).
 SIGTERM/SIGINT are ignored, as in rank 0: the frontend drains, then rank 0 stops us.
 """
 
@@ -23,7 +24,10 @@ from sglang_pd.engine.build import cpu_aware_dtype
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.tp.group import JOIN_TIMEOUT_S, make_group, make_store, share_cpu_threads
+from sglang_pd.engine.tp.kv_move import serve_kv_move
 from sglang_pd.engine.tp.messages import (
+    KVGather,
+    KVScatter,
     StepPlan,
     TPInit,
     TPReady,
@@ -109,6 +113,7 @@ def _build(args: ServerArgs, rank: int, port: int, plans: zmq.Socket, parent: in
                   cfg.head_dim, dtype, args.device)
     runner = ModelRunner(model, pool, attention, max_positions=cfg.max_position_embeddings)
     runner.tp_store = store  # type: ignore[attr-defined]  # alive as long as the group
+    runner.tp_group = group  # type: ignore[attr-defined]  # PD: KV gather/scatter (kv_move.py)
     logger.info("rank %d ready: %d of %d KV heads, %d pages", rank, local_kv_heads(cfg, group),
                 cfg.num_kv_heads, init.num_pages)
     return runner
@@ -128,6 +133,12 @@ def _serve(runner: ModelRunner, plans: zmq.Socket, parent: int) -> int:
                 logger.exception("forward failed; this rank exits (rank 0 takes the server down)")
                 return 1
             steps += 1
+        elif isinstance(msg, KVGather | KVScatter):
+            try:
+                serve_kv_move(msg, runner.kv_pool, runner.tp_group)  # type: ignore[attr-defined]
+            except Exception:
+                logger.exception("KV %s failed; this rank exits", type(msg).__name__)
+                return 1
 
 
 if __name__ == "__main__":
