@@ -43,19 +43,23 @@ def _prompt(n: int, salt: int) -> list[int]:
     return [3 + (j * 7919 + salt * 104729) % 6000 for j in range(n)]  # within the tiny model's vocab
 
 
-async def _ttft(client: httpx.AsyncClient, url: str, ids: list[int], max_new: int) -> tuple[float, list[int]]:
+async def _ttft(client: httpx.AsyncClient, url: str, ids: list[int], max_new: int
+                ) -> tuple[float, float, list[int]]:
+    """TTFT, TPOT (s) and the output ids of one streamed request."""
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
     t0 = time.monotonic()
-    first, last = None, None
+    first, last, t_last = None, None, t0
     async with client.stream("POST", url + "/generate", json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                first = first or time.monotonic()
+                t_last = time.monotonic()
+                first = first or t_last
                 last = json.loads(line[5:])
     assert first is not None and last is not None, "no token came back"
-    return first - t0, last["output_ids"]
+    n = len(last["output_ids"])
+    return first - t0, (t_last - first) / (n - 1) if n > 1 else 0.0, last["output_ids"]
 
 
 async def one_round(url: str, args: argparse.Namespace, salt: int) -> dict:
@@ -69,8 +73,8 @@ async def one_round(url: str, args: argparse.Namespace, salt: int) -> dict:
                 _ttft(client, url, _prompt(args.short_len, salt * 100 + 50 + i), args.max_new)))
             await asyncio.sleep(args.short_gap_s)
         s, ln = await asyncio.gather(*shorts), await asyncio.gather(*longs)
-    return {"short_ttft_s": [t for t, _ in s], "long_ttft_s": [t for t, _ in ln],
-            "short_outputs": [o for _, o in s]}
+    return {"short_ttft_s": [t for t, _, _ in s], "long_ttft_s": [t for t, _, _ in ln],
+            "short_tpot_s": [p for _, p, _ in s], "short_outputs": [o for _, _, o in s]}
 
 
 def _local_count(router_url: str) -> float:
@@ -130,14 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         routers = {}
         for setting in ("off", "on"):
             rport = free_port()
-            r = popen([sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation",
+            rp = popen([sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation",
                        "--prefill", f"http://127.0.0.1:{pport}", str(boot), "--decode", f"http://127.0.0.1:{dport}",
                        "--pool-controller", "off", "--log-level", "warning", "--port", str(rport),
                        "--conditional-disagg", setting], f"router_{setting}")
             routers[setting] = f"http://127.0.0.1:{rport}"
-            if not wait_healthy(routers[setting], r, 60):
+            if not wait_healthy(routers[setting], rp, 60):
                 raise RuntimeError(f"router {setting} not healthy")
-        res: dict[str, dict[str, list]] = {s: {"short_ttft_s": [], "long_ttft_s": [], "short_outputs": []}
+        res: dict[str, dict[str, list]] = {s: {"short_ttft_s": [], "long_ttft_s": [], "short_tpot_s": [], "short_outputs": []}
                                            for s in routers}
         for rnd in range(args.rounds):
             for setting in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
@@ -154,15 +158,17 @@ def main(argv: list[str] | None = None) -> int:
         st, lt = [1e3 * x for x in res[s]["short_ttft_s"]], [1e3 * x for x in res[s]["long_ttft_s"]]
         rows.append({"conditional_disagg": s, "short_ttft_p50_ms": statistics.median(st),
                      "short_ttft_p90_ms": _pct(st, 0.9), "long_ttft_p50_ms": statistics.median(lt),
+                     "short_tpot_p50_ms": 1e3 * statistics.median(res[s]["short_tpot_s"]),
                      "shorts": len(st), "prefilled_on_decode": int(local[s])})
     print(f"{args.rounds} round(s): {args.num_long} x {args.long_len}-token prompts load the prefill, then "
           f"{args.num_short} x {args.short_len}-token prompts every {args.short_gap_s} s; model {model.name}; "
           f"load {os.getloadavg()[0]:.2f}")
-    print("| --conditional-disagg | short TTFT p50 (ms) | short TTFT p90 (ms) | long TTFT p50 (ms) | shorts on decode |")
-    print("|---|---|---|---|---|")
+    print("| --conditional-disagg | short TTFT p50 (ms) | short TTFT p90 (ms) | long TTFT p50 (ms) "
+          "| short TPOT p50 (ms) | shorts on decode |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['conditional_disagg']} | {r['short_ttft_p50_ms']:.0f} | {r['short_ttft_p90_ms']:.0f} | "
-              f"{r['long_ttft_p50_ms']:.0f} | {r['prefilled_on_decode']}/{r['shorts']} |")
+              f"{r['long_ttft_p50_ms']:.0f} | {r['short_tpot_p50_ms']:.1f} | {r['prefilled_on_decode']}/{r['shorts']} |")
     ratio = rows[1]["short_ttft_p50_ms"] / rows[0]["short_ttft_p50_ms"]
     print(f"short TTFT p50 on/off: {ratio:.2f}; short outputs equal across the two paths: {equal}")
     out_dir = Path(args.out) if args.out else log_dir
