@@ -21,6 +21,9 @@ the logs for tracebacks. Setups (``--list`` prints them):
       ours-no-slack     ours with continuous decode (no slack+)
       ours+controller   ours with the pool controller on (an addition: it moves instances)
       ours+spill        ours with length_aware_spill routing (item 0: idle short instances take longs)
+      ours+cond         ours with --conditional-disagg on (item 3: a short prompt is prefilled on the
+                        decode server while its prefill is loaded; scripts/bench_conditional_disagg.py
+                        isolates that case)
 
 The workload: the first requests of a public trace (``--trace``, default azure-conv), prompt
 lengths times ``--length-scale`` (a CPU handles ~1/8 of an A100's prompt sizes in similar
@@ -66,10 +69,11 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
     fcfs = (("--prefill-policy", "fcfs"),) * 2
 
     def ours(name: str, what: str, prefill: list[str] = OURS_PREFILL, roles: tuple[str, str] = ("short", "long"),
-             decode: str = "slack+", controller: str = "off", route: str = "length_aware") -> Setup:
+             decode: str = "slack+", controller: str = "off", route: str = "length_aware",
+             extra: tuple[str, ...] = ()) -> Setup:
         return Setup(name, "ours", tuple((*prefill, "--prefill-role", r) for r in roles),
-                     ("--decode-policy", decode), ("--pool-controller", controller, "--prefill-policy", route),
-                     what)
+                     ("--decode-policy", decode),
+                     ("--pool-controller", controller, "--prefill-policy", route, *extra), what)
 
     rows = [
         Setup("sglang-pd", "sglang", fcfs, ("--decode-policy", "continuous"), (),
@@ -90,6 +94,8 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
         ours("ours-no-slack", "ours, continuous decode", decode="continuous"),
         ours("ours+controller", "ours, pool controller on", controller="on"),
         ours("ours+spill", "ours, longs spill onto an idle short instance (item 0)", route="length_aware_spill"),
+        ours("ours+cond", "ours, shorts prefilled on decode while their prefill is loaded (item 3)",
+             extra=("--conditional-disagg", "on")),
     ]
     return {s.name: s for s in rows}
 
@@ -197,7 +203,8 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
                  "--slo-ttft-ms", str(args.slo_ttft_short_ms), "--slo-ttft-ms-long", str(args.slo_ttft_long_ms),
                  "--slo-tpot-ms", str(args.slo_tpot_ms), "--long-threshold", str(args.short_threshold + 1),
                  "--request-timeout", str(args.request_timeout), "--warmup-requests", "1",
-                 "--disable-tqdm", "--output-file", str(jsonl)]
+                 "--disable-tqdm", "--output-details",  # per request: sim_fidelity_cluster.py replays them
+                 "--output-file", str(jsonl)]
         res = subprocess.run(bench, env=env, capture_output=True, text=True, timeout=args.bench_timeout,
                              check=False)
         (log_dir / f"{s.name}_bench.out").write_text(res.stdout + res.stderr)

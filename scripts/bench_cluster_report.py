@@ -61,40 +61,34 @@ def table(runs: list[Any], base: Any = None) -> str:
 
 def plot(runs: list[Any], args: argparse.Namespace, path: Any) -> bool:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
+
+        from sglang_pd.bench.plots import grouped_bars, save_figure
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
     names = [r.setup for r in runs]
-    xs = list(range(len(runs)))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(10, 1.3 * len(runs) + 4), 4.5))
-    w = 0.4
-    for k, cls in enumerate(("short", "long")):
-        p90 = [(_get(r, cls, "p90_ttft_ms") or 0) / 1e3 for r in runs]
-        a1.bar([x + (k - 0.5) * w for x in xs], p90, w, label=f"{cls} p90")
+    fig = Figure(figsize=(max(10, 1.3 * len(runs) + 4), 4.5), layout="constrained")
+    a1, a2 = fig.subplots(1, 2)
+    grouped_bars(a1, names, [(f"{cls} p90", [(_get(r, cls, "p90_ttft_ms") or 0) / 1e3 for r in runs])
+                             for cls in ("short", "long")])
     a1.axhline(args.slo_ttft_short_ms / 1e3, color="tab:blue", ls="--", lw=1, label="short SLO")
     a1.axhline(args.slo_ttft_long_ms / 1e3, color="tab:orange", ls="--", lw=1, label="long SLO")
     a1.set_yscale("log")
     a1.set_ylabel("p90 TTFT (s, log)")
     a1.set_title("p90 TTFT per class")
-    w = 0.27
-    for k, (label, cls, key) in enumerate((("TTFT short", "short", "ttft_attainment"),
-                                           ("TTFT long", "long", "ttft_attainment"),
-                                           ("both SLOs, all", "", "slo_attainment"))):
-        a2.bar([x + (k - 1) * w for x in xs], [100 * (_get(r, cls, key) or 0) for r in runs], w, label=label)
+    grouped_bars(a2, names, [(label, [100 * (_get(r, cls, key) or 0) for r in runs])
+                             for label, cls, key in (("TTFT short", "short", "ttft_attainment"),
+                                                     ("TTFT long", "long", "ttft_attainment"),
+                                                     ("both SLOs, all", "", "slo_attainment"))])
     a2.set_ylim(0, 105)
     a2.set_ylabel("attainment (%)")
     a2.set_title("SLO attainment")
     for ax in (a1, a2):
-        ax.set_xticks(xs, names, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=7)
     fig.suptitle(f"PD cluster (2 prefill + 1 decode), CPU: {args.num_prompts} requests of {args.trace} "
                  f"(lengths x{args.length_scale}) at {args.rate} req/s; SLOs TTFT "
                  f"{args.slo_ttft_short_ms:.0f}/{args.slo_ttft_long_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True

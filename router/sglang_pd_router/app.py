@@ -95,8 +95,9 @@ class RouterService:
             probe_timeout_s=min(self.cfg.health_check_timeout_s, 2.0),
             max_migrations=self.cfg.max_migrations,
             on_routed=lambda cls, p, d: self.metrics.child(
-                self.metrics.routed, cls, p.url, d.url).inc(),
-            on_retry=lambda cls: self.metrics.child(self.metrics.retries, cls).inc())
+                self.metrics.routed, cls, p.url if p else "local", d.url).inc(),
+            on_retry=lambda cls: self.metrics.child(self.metrics.retries, cls).inc(),
+            conditional=self.cfg.conditional)
         self.monitor = WorkerMonitor(self.cfg, self.registry, self.session, self.metrics,
                                      self.worker_headers, self.set_threshold)
         workers = self.registry.all()

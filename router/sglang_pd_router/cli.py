@@ -10,6 +10,7 @@ import logging
 from .config import DEFAULT_BOOTSTRAP_PORT, PrefillSpec, RouterConfig
 from .controller import ControllerConfig
 from .policies import ROUTING_POLICIES
+from .policies.conditional import ConditionalConfig
 from .policies.queue_order import QUEUE_ORDERS
 from .request_class import SHORT_PREFILL_THRESHOLD
 from .workers import validate_url
@@ -76,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller-queue-ref-s", type=float, nargs=2, default=None,
                    metavar=("SHORT", "LONG"),
                    help="predicted queue time that counts as full pressure, per pool")
+    cd = ConditionalConfig()
+    p.add_argument("--conditional-disagg", choices=("on", "off"), default="off",
+                   help="prefill a short prompt on its decode worker (no KV transfer) when the "
+                        "prefill it would go to is loaded (docs/router.md)")
+    p.add_argument("--conditional-disagg-max-tokens", type=int, default=None,
+                   help="longest prompt (new tokens) prefilled on decode (default: the short "
+                        "threshold)")
+    p.add_argument("--conditional-disagg-min-queue-tokens", type=int,
+                   default=cd.min_prefill_queue_tokens,
+                   help="prompt tokens queued on the picked prefill that count as loaded")
+    p.add_argument("--conditional-disagg-max-decode-queue-tokens", type=int,
+                   default=cd.max_decode_queue_tokens,
+                   help="local prefill tokens a decode worker may have waiting, at most")
     p.add_argument("--drain-timeout-s", type=float, default=60.0,
                    help="longest wait for a moved worker to finish its work before switching")
     p.add_argument("--slo-ttft-ms", type=float, nargs="+", default=None,
@@ -183,6 +197,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         short_prefill_threshold=args.short_prefill_threshold,
         pool_controller=args.pool_controller == "on", controller=controller,
         drain_timeout_s=args.drain_timeout_s,
+        conditional=ConditionalConfig(
+            args.conditional_disagg_max_tokens, args.conditional_disagg_min_queue_tokens,
+            args.conditional_disagg_max_decode_queue_tokens)
+        if args.conditional_disagg == "on" else None,
         slo_ttft_ms=_per_class(args.slo_ttft_ms, "--slo-ttft-ms"),
         slo_tpot_ms=_per_class(args.slo_tpot_ms, "--slo-tpot-ms"),
         request_timeout_s=args.request_timeout_secs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .controller import ControllerConfig
+from .policies.conditional import ConditionalConfig
 
 # SGLang's prefill servers listen for bootstrap on this port unless told otherwise.
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -34,6 +35,9 @@ class RouterConfig:
     pool_controller: bool = True
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     drain_timeout_s: float = 60.0
+    # conditional disaggregation (policies/conditional.py): None = off, every request takes a
+    # prefill leg. Off by default: a local prefill costs the decode batch's TPOT while it runs
+    conditional: ConditionalConfig | None = None
     slo_ttft_ms: dict[str, float] = field(default_factory=dict)  # request class -> default
     slo_tpot_ms: dict[str, float] = field(default_factory=dict)
     # reliability

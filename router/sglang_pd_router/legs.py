@@ -72,7 +72,7 @@ class Legs:
             raise
 
     async def await_decode_head(self, p_task: asyncio.Future, d_task: asyncio.Future,
-                                down: asyncio.Future, prefill: Worker, decode: Worker,
+                                down: asyncio.Future, prefill: Worker | None, decode: Worker,
                                 stream: bool) -> AttemptError | None:
         """Wait for decode's first byte with the legs' liveness checks: the prefill's answer
         (its KV sent) by ``kv_deadline_s``, then a streamed decode's first byte by
@@ -91,7 +91,10 @@ class Legs:
                 return AttemptError(503, f"{sick.kind} {sick.url} turned unhealthy",
                                     failed_prefill=sick is prefill,
                                     failed_decode=sick is decode)
-            if p_task in done:
+            if p_task in done and prefill is None:  # prefilled on decode: its first byte comes
+                prefill_done = True  # after its own prefill, which gets the prefill's deadline
+                wake_at = loop.time() + self.kv_deadline_s
+            elif p_task in done and prefill is not None:
                 err = self.prefill_failure(p_task, prefill)
                 if err is not None:
                     if err.failed_prefill and d_task not in done \
@@ -108,7 +111,7 @@ class Legs:
             # a deadline passed with nothing new
             if not await self.alive(decode):
                 return self.decode_silent(decode, "no first byte")
-            if not prefill_done and not await self.alive(prefill):
+            if prefill is not None and not prefill_done and not await self.alive(prefill):
                 prefill.breaker.on_failure(time.monotonic())
                 return AttemptError(504, f"prefill {prefill.url} did not answer within "
                                     f"{self.kv_deadline_s:g}s nor its health probe",
@@ -123,7 +126,7 @@ class Legs:
         return None
 
     async def charge_decode_failure(self, err: AttemptError, p_task: asyncio.Future,
-                                    prefill: Worker, decode: Worker) -> None:
+                                    prefill: Worker | None, decode: Worker) -> None:
         """Charge decode's 5xx to the worker that caused it. Before its KV arrives a PD decode
         does nothing but wait for it, so a failure while the prefill has not answered is most
         often the transfer's (decode's waiting timeout while the prefill is dead, or busy with
@@ -131,9 +134,9 @@ class Legs:
         circuit closed, and the retry prefers another pair (a decode refusing for its own
         reason, e.g. full, is then not picked again while another is routable); a prefill
         that failed or fails its probe is charged. After the prefill answered (its KV sent),
-        the failure is decode's."""
+        the failure is decode's, as it is when decode prefilled the request itself."""
         err.failed_decode = True  # avoided on the retry while another decode is routable
-        if delivered(p_task) or not await self.alive(decode):
+        if prefill is None or delivered(p_task) or not await self.alive(decode):
             decode.breaker.on_failure(time.monotonic())
             return
         err.failed_prefill = True

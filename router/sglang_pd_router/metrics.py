@@ -25,7 +25,8 @@ class RouterMetrics:
         self._children: dict[tuple[int, tuple[object, ...]], Any] = {}
         self.requests = Counter(_P + "requests", "Requests answered, by route, class and status",
                                 ["route", "request_class", "status"], registry=reg)
-        self.routed = Counter(_P + "routed_requests", "Requests sent to a prefill+decode pair",
+        self.routed = Counter(_P + "routed_requests", "Requests sent to a prefill+decode pair "
+                              "(prefill=\"local\": prefilled on the decode worker, no transfer)",
                               ["request_class", "prefill", "decode"], registry=reg)
         self.retries = Counter(_P + "retries", "Attempts repeated on another room/worker pair",
                                ["request_class"], registry=reg)

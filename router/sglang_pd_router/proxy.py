@@ -27,11 +27,12 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .answer import (DecodeHead, answer_stream, answer_whole, error_response, open_stream,
-                     passthrough, sse_error_status)
+from .answer import (DecodeHead, LegResult, answer_stream, answer_whole, error_response,
+                     open_stream, passthrough, sse_error_status)
 from .legs import RETRY_STATUSES, AttemptError, Legs, RouteError, swallow
 from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
+from .policies.conditional import LOCAL_PREFILL_HOST, ConditionalConfig, prefill_on_decode
 from .request_class import class_headers
 from .workers import Worker, WorkerRegistry
 
@@ -49,8 +50,9 @@ class Dispatcher:
                  backoff_max_s: float, request_timeout_s: float,
                  kv_deadline_s: float = 30.0, first_byte_timeout_s: float = 10.0,
                  probe_timeout_s: float = 2.0, max_migrations: int = 0,
-                 on_routed: Callable[[str, Worker, Worker], None] | None = None,
-                 on_retry: Callable[[str], None] | None = None) -> None:
+                 on_routed: Callable[[str, Worker | None, Worker], None] | None = None,
+                 on_retry: Callable[[str], None] | None = None,
+                 conditional: ConditionalConfig | None = None) -> None:
         self.registry = registry
         self.prefill_policy = prefill_policy
         self.decode_policy = decode_policy
@@ -64,7 +66,8 @@ class Dispatcher:
         self.max_migrations = max_migrations  # per request; 0: a broken stream ends in error
         self.on_routed = on_routed
         self.on_retry = on_retry
-        self._background: set[asyncio.Task] = set()  # prefill legs that outlive the answer
+        self.conditional = conditional  # None: every request takes a prefill leg
+        self._background: set[asyncio.Future] = set()  # prefill legs that outlive the answer
 
     # ------------------------------------------------------------------ picking
     def _pick(self, kind: str, policy: RoutingPolicy, route_req: RouteRequest,
@@ -116,18 +119,25 @@ class Dispatcher:
                 last_error = e
                 continue
             now = time.monotonic()
-            prefill.breaker.on_pick(now)  # only once both are picked: a half-open trial
+            # conditional disaggregation (policies/conditional.py): decode prefills it itself
+            local = self.conditional is not None and prefill_on_decode(
+                route_req, prefill.view(now), decode.view(now), self.conditional,
+                self.prefill_policy.cfg)
+            if not local:
+                prefill.breaker.on_pick(now)  # only once both are picked: a half-open trial
             decode.breaker.on_pick(now)
             # ``data`` is the body serialised once (``{...}``): each try appends its fields
-            fields = orjson.dumps({"bootstrap_host": prefill.bootstrap_host,
+            fields = orjson.dumps({"bootstrap_host": LOCAL_PREFILL_HOST if local
+                                   else prefill.bootstrap_host,
                                    "bootstrap_port": prefill.bootstrap_port,
                                    "bootstrap_room": _ROOMS.getrandbits(63)})
             payload = data[:-1] + (b"," if len(data) > 2 else b"") + fields[1:]
             if self.on_routed is not None:
-                self.on_routed(cls, prefill, decode)
+                self.on_routed(cls, None if local else prefill, decode)
             sent_after = time.monotonic() - t_arrival
             result = await self._try_pair(request, path, payload, headers, route_req, stream,
-                                          prefill, decode, body, resume, handoff)
+                                          None if local else prefill, decode, body, resume,
+                                          handoff)
             if isinstance(result, (web.StreamResponse, _Handoff)):
                 on_first_send(sent_after)  # the router's share of the answered try
                 return result
@@ -135,7 +145,7 @@ class Dispatcher:
             if not result.retriable:
                 break
             for w, failed in ((prefill, result.failed_prefill), (decode, result.failed_decode)):
-                if failed:
+                if failed and not (local and w is prefill):
                     avoid.add(w.url)
             logger.warning("attempt %d (%s -> %s) failed: %s", attempt + 1, prefill.url,
                            decode.url, result.message)
@@ -151,20 +161,28 @@ class Dispatcher:
 
     async def _try_pair(self, request: web.Request, path: str, data: bytes,
                         headers: dict[str, str], route_req: RouteRequest, stream: bool,
-                        prefill: Worker, decode: Worker, body: dict[str, Any],
+                        prefill: Worker | None, decode: Worker, body: dict[str, Any],
                         resume: Resume | None = None, handoff: bool = False
                         ) -> web.StreamResponse | AttemptError | _Handoff:
         tokens = max(route_req.prompt_len - route_req.cached_len, 0)
         loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
-        p_task = loop.create_task(self.legs.prefill(prefill, path, data, headers, tokens))
+        if prefill is None:  # prefilled on decode: no prefill leg (an answered one stands in)
+            p_task: asyncio.Future = loop.create_future()
+            p_task.set_result(LegResult(200, b"{}"))
+        else:
+            p_task = loop.create_task(self.legs.prefill(prefill, path, data, headers, tokens))
         decode.in_flight += 1
         d_task = loop.create_task(self.legs.decode_head(decode, path, data, headers, stream))
+        if prefill is None:  # decode's own prefill queue, current between its /get_load polls
+            decode.outstanding_prefill_tokens += tokens
+            d_task.add_done_callback(lambda _t: _add_tokens(decode, -tokens))
         head: DecodeHead | None = None
         answered = False
         answer: web.StreamResponse
         down: asyncio.Future = loop.create_future()
-        prefill.watchers.add(down)  # resolved if either worker turns unhealthy meanwhile
-        decode.watchers.add(down)
+        for w in (prefill, decode):  # resolved if either worker turns unhealthy meanwhile
+            if w is not None:
+                w.watchers.add(down)
         try:
             failed = await self.legs.await_decode_head(p_task, d_task, down, prefill,
                                                        decode, stream)
@@ -201,8 +219,9 @@ class Dispatcher:
             answered = True
             return answer
         finally:
-            prefill.watchers.discard(down)
-            decode.watchers.discard(down)
+            for w in (prefill, decode):
+                if w is not None:
+                    w.watchers.discard(down)
             decode.in_flight -= 1
             if head is not None:
                 # a fully read body lets the connection go back to the pool; anything else
@@ -248,3 +267,7 @@ class _Handoff:
     """A decode stream opened to resume a migrated request: the caller owns ``head``."""
     head: DecodeHead
     decode: Worker
+
+
+def _add_tokens(worker: Worker, tokens: int) -> None:
+    worker.outstanding_prefill_tokens += tokens

@@ -20,6 +20,22 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG (the folder made as needed): for scripts building their own."""
+    return _save(fig, Path(path))
+
+
+def grouped_bars(ax, names: Sequence[str], series: Sequence[tuple[str, Sequence[float]]],
+                 width: float = 0.8) -> None:
+    """One group of bars per name (x tick), one bar per series inside it: the comparison
+    table's figure that bench_cluster and the prefill-policy bench both draw."""
+    w = width / max(len(series), 1)
+    xs = range(len(names))
+    for k, (label, ys) in enumerate(series):
+        ax.bar([x + (k - (len(series) - 1) / 2) * w for x in xs], ys, w, label=label)
+    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
+
+
 def _cdf(ax, values: Sequence[float], label: str, color: str) -> None:
     xs = sorted(values)
     n = len(xs)
