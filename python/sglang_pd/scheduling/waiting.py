@@ -10,8 +10,8 @@ cached_len, prefill_remaining, and each request's work features for the configur
 (``cost_model.work_features``: chunks, r(r + 2H), context summed over the chunks), from which a
 work estimate is four products and three sums. It also counts neighbour pairs with equal and with
 decreasing arrivals (``ordered``, ``distinct``), kept as requests come and go, so FCFS finish
-times can skip their tie pass. ``scheduling/prefill/order.py: Queue`` reads these columns instead
-of the requests.
+times can skip their tie pass. ``scheduling/prefill/queue_view.py: Queue`` reads these columns
+instead of the requests.
 
 Who keeps them right: the owner of the queue (``core/scheduler.py: Scheduler``) adds and
 removes requests only through the list methods below, which update the columns of the requests

@@ -24,8 +24,9 @@ Definitions every policy here uses (docs/prefill_scheduling.md):
   becomes a partly prefilled request holding pages (whole-prompt pages on a PD prefill server).
   No new one starts while ``cfg.prefill_max_partial`` are partly prefilled; requests that
   finish within the step are still admitted.
-How the walk applies these fast (array code, no loop over requests) is ``walk.py``; what it
-reads, the queue's columns and the policy's order, ``order.py``.
+How the walk applies these fast (array code, no loop over requests) is ``plan.py`` (the walk
+itself, and its one-by-one form, ``walk.py``); what it reads: the queue's columns
+(``queue_view.py``) and the policy's order (``order.py``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from sglang_pd.core.step import StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
-from sglang_pd.scheduling.prefill.order import Order, Queue, stable_order
+from sglang_pd.scheduling.prefill.order import Order, stable_order
+from sglang_pd.scheduling.prefill.plan import Cut
+from sglang_pd.scheduling.prefill.queue_view import Queue
 from sglang_pd.scheduling.prefill.threshold import ShortThreshold
-from sglang_pd.scheduling.prefill.walk import Cut, walk
+from sglang_pd.scheduling.prefill.walk import walk
 from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 

@@ -1,28 +1,8 @@
 """The budget walk: grant the waiting requests in a policy's order under the step's budget (the
-rules are in ``common.py``'s module docstring; this file is how they are applied fast).
-
-Issue 20 (the decision is timed; the bar is 100 us at 1,000 waiting): without a per-request
-constraint (``fits``, a time-budget chunker) the plan follows from the queue's numbers alone,
-and ``plan_numbers`` works it out with a few dozen array operations and no Python loop over
-requests. The rules, restated for that:
-- ``c = min(rem, chunk)``: what a request takes while the step's tokens last.
-- A fresh request that a chunk cuts (``rem > chunk``) becomes partly prefilled: once
-  ``max_partial`` are, the later ones are skipped. So of these, only the first
-  ``max_partial - partial`` in the order may go (a prefix count).
-- A fresh request needs a slot: only the first ``slots`` fresh requests that may go do.
-  (The one-by-one walk ends, not skips, at a fresh request when no slot and no started
-  request is left; nothing could be granted after it either way, so the plans agree.)
-- The rest go whole while the prefix sum of their ``c`` stays within the tokens: one
-  ``searchsorted`` finds the request that reaches the budget. It takes what is left and the
-  step ends, unless it is fresh and the partial bound is reached: then it is skipped, and
-  from there on a fresh request goes only whole within what is left (the tail: ``_tail``).
-- A request with nothing to prefill (0 tokens) ends the walk at its turn.
-The order is read a block at a time (``Order.head``; the first block sized from the budget),
-the tail over the requests the rules still allow (``Order.after``: only those are sorted).
-KV admission is asked afterwards, in plan order, through ``budget.grant_run``, which cuts the
-plan at the first refusal as the walk would have stopped there (nothing before a refusal
-depends on the KV). ``walk`` with ``fits`` or a chunker asks them request by request.
-test_waiting_columns.py checks both against a one-by-one walk.
+rules are in ``common.py``'s module docstring). Without a per-request constraint the plan comes
+from the queue's numbers (``plan.py``, array code) and only KV admission is asked here; with
+``fits`` or a time-budget chunker the walk asks them request by request
+(``_walk_one_by_one``). test_waiting_columns.py checks both against a one-by-one walk.
 """
 
 from __future__ import annotations
@@ -32,17 +12,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from sglang_pd.scheduling.prefill.chunking import TimeBudgetChunker
-from sglang_pd.scheduling.prefill.order import Order, Queue, stable_argsort, first_of
+from sglang_pd.scheduling.prefill.order import Order
+from sglang_pd.scheduling.prefill.plan import Cut, plan_numbers
+from sglang_pd.scheduling.prefill.queue_view import Queue
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 FIRST_BLOCK = 128  # requests of the order read at once by the one-by-one walk; each next 4x larger
-MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the budget)
-
-_NO_POS = np.empty(0, dtype=np.intp)
-_NO_TOKENS = np.empty(0, dtype=np.int64)
-
-# a policy's own limit on the plan: given its positions and tokens, how many of them to keep
-Cut = Callable[[np.ndarray, np.ndarray], int]
 
 
 def walk(q: Queue[R], order: Order | Sequence[int] | np.ndarray, budget: PrefillBudget, max_partial: int,
@@ -70,211 +45,6 @@ def grant_plan(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarr
     tokens: list[int] = ns.tolist()
     k = budget.grant_run(reqs, tokens, q.fresh[pos].tolist())
     return list(zip(reqs[:k], tokens[:k])) if k < len(reqs) else list(zip(reqs, tokens))
-
-
-def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
-                 cut: Cut | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The walk without ``fits`` or a chunker, before KV admission: the queue positions granted
-    and their tokens, in plan order (module docstring), cut by ``cut``. ``budget`` is read,
-    not spent."""
-    tokens, chunk, slots = budget.token_budget, budget.chunk_size, budget.new_req_slots
-    n = order.n
-    if tokens <= 0 or chunk <= 0 or n == 0:
-        return _NO_POS, _NO_TOKENS  # every request would get 0 tokens: the walk ends at once
-    rem_all, fresh_all = q.rem, q.fresh
-    partial = q.n_started
-    pos: list[np.ndarray] = []  # pieces of the plan, in order
-    ns: list[np.ndarray] = []
-    tail: tuple[int, int, int] | None = None  # where the tail starts: position, tokens, slots
-    # first block: enough requests of the queue's mean size to spend the budget 5 times over
-    read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(int(rem_all.sum()), 1) + 1)
-    while read < n:
-        base = read
-        seg = order.head(read + size)[read:]
-        read += len(seg)
-        r, f = rem_all[seg], fresh_all[seg]
-        m = len(seg)
-        c = np.minimum(r, chunk)
-        ok = None  # which ones the partial and slot rules let go (None: all)
-        big = f & (r > chunk)  # fresh ones a chunk cuts: each one more partly prefilled
-        n_big = int(np.count_nonzero(big))
-        if n_big:
-            quota = max_partial - partial
-            ok = ~big if quota <= 0 else ~big | (big.cumsum() <= quota)
-        if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
-            goes = f if ok is None else f & ok
-            has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
-            ok = has_slot if ok is None else ok & has_slot
-        if ok is not None:
-            c = np.where(ok, c, 0)
-        cum = c.cumsum()
-        end = int(cum.searchsorted(tokens))  # the request that reaches the budget
-        if r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
-            zero = r <= 0 if ok is None else (r <= 0) & ok
-            z = int(zero.argmax())
-            if zero[z] and z < end:
-                _emit(pos, ns, seg, c, ok, z)
-                break
-        if end == m:  # the whole block goes (as far as the rules let it)
-            _emit(pos, ns, seg, c, ok, m)
-            tokens -= int(cum[-1])
-            if ok is None:
-                slots -= int(np.count_nonzero(f))
-                partial += n_big
-            else:
-                slots -= int(np.count_nonzero(f & ok))
-                partial += int(np.count_nonzero(big & ok))
-            if slots <= 0 and read < n:  # only started requests may go from here on
-                tail = (read, tokens, slots)
-                break
-            # next block: what the tokens left take at this block's mean size, twice over
-            size = 2 * tokens * m // max(int(cum[-1]), 1) + MIN_BLOCK
-            continue
-        if cum[end] == tokens:  # it fits exactly: the budget is spent
-            _emit(pos, ns, seg, c, ok, end + 1)
-            break
-        _emit(pos, ns, seg, c, ok, end)
-        left = tokens - (int(cum[end - 1]) if end else 0)
-        if f[end]:
-            before = big[:end] if ok is None else big[:end] & ok[:end]
-            partial += int(np.count_nonzero(before))
-        if not f[end] or partial < max_partial:  # it takes what is left: the step is full
-            pos.append(seg[end: end + 1])
-            ns.append(np.array([left], dtype=np.int64))
-            break
-        # a fresh one the budget would cut, and the partial bound is reached: skipped
-        used = f[:end] if ok is None else f[:end] & ok[:end]
-        tail = (base + end + 1, left, slots - int(np.count_nonzero(used)))
-        break
-    if tail is not None:
-        if cut is not None and pos:  # cut already before the tail: the tail is not needed
-            p, t = _joined(pos, ns)
-            k = cut(p, t)
-            if k < len(p):
-                return p[:k], t[:k]
-        _tail(q, order, *tail, chunk, pos, ns)
-    if not pos:
-        return _NO_POS, _NO_TOKENS
-    p, t = _joined(pos, ns)
-    if cut is not None:
-        k = cut(p, t)
-        p, t = p[:k], t[:k]
-    return p, t
-
-
-def _joined(pos: list[np.ndarray], ns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    if len(pos) == 1:
-        return pos[0], ns[0]
-    return np.concatenate(pos), np.concatenate(ns)
-
-
-def _emit(pos: list[np.ndarray], ns: list[np.ndarray], seg: np.ndarray, c: np.ndarray,
-          ok: np.ndarray | None, k: int) -> None:
-    """Add the first ``k`` of a block (those the rules let go) to the plan, whole (``c``)."""
-    if k:
-        if ok is None:
-            pos.append(seg[:k])
-            ns.append(c[:k])
-        else:
-            sel = ok[:k]
-            pos.append(seg[:k][sel])
-            ns.append(c[:k][sel])
-
-
-def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int,
-          pos: list[np.ndarray], ns: list[np.ndarray]) -> None:
-    """The walk past position ``p`` of the order once fresh requests go only whole within the
-    tokens left (the partial bound is reached and fewer than a chunk is left) or not at all
-    (no slot left). Then a request goes iff it is started or a fresh one within the tokens
-    left, so the next one granted is the first in the order of those (every one before it
-    was too long for more tokens than are left now, or granted): it is found with one
-    ``argmin`` over them (``Order.rest``, not sorted: the tail grants a few of many), then
-    the rest are filtered by the tokens now left. A started one reaching the budget takes
-    what is left and the step ends; a request with nothing to prefill ends it."""
-    rem_all, fresh_all = q.rem, q.fresh
-    started = q.n_started > 0
-    got: list[int] = []
-    got_n: list[int] = []
-    if slots <= 0 and not started:
-        return
-    # first the part of the order already sorted (``Order.known``: the block the walk read,
-    # where the tail mostly ends): one scan, no pass over the whole queue
-    seg = order.known(p)
-    if len(seg):
-        f = fresh_all[seg]
-        # those that may go now: a superset of those that will (the limits only tighten)
-        may = ~f if slots <= 0 else ~f | (rem_all[seg] <= min(tokens, chunk))
-        js = may.nonzero()[0]
-        done = False
-        for i, x, fr in zip(seg[js].tolist(), rem_all[seg[js]].tolist(), f[js].tolist()):
-            if fr and (slots <= 0 or x > min(tokens, chunk)):
-                continue  # no slot left, or too long for the tokens left: skipped
-            if x <= 0:
-                done = True  # nothing to prefill: the walk ends at its turn
-                break
-            n = min(x, chunk, tokens)
-            got.append(i)
-            got_n.append(n)
-            tokens -= n
-            slots -= fr
-            if tokens <= 0 or (slots <= 0 and not started):
-                done = True
-                break
-        if done:
-            _add(pos, ns, got, got_n)
-            return
-        p += len(seg)
-    # the length that must fit the tokens left: 0 for a started one (it always goes)
-    fit = np.where(fresh_all, q.remf, 0.0) if started else q.remf
-    if slots > 0:
-        allowed = fit <= min(tokens, chunk)
-    else:
-        allowed = ~fresh_all
-    idx, key, group = order.rest(p, allowed)
-    if not len(idx):
-        _add(pos, ns, got, got_n)
-        return
-    # one array, a column per request (one ``compress`` filters them all): key, fit,
-    # position, group
-    t = np.empty((3 if group is None else 4, len(idx)))
-    t[0], t[1], t[2] = key, fit[idx], idx
-    if group is not None:  # by group (stable: queue order within one): the first group leads
-        t[3] = group
-        t = t[:, stable_argsort(group)]
-    while True:
-        if group is None:
-            j = first_of(t[0], None)
-        else:
-            j = first_of(t[0, : int(t[3].searchsorted(t[3, 0], "right"))], None)
-        i = int(t[2, j])
-        x = int(rem_all[i])
-        if x <= 0:
-            break  # nothing to prefill: the walk ends at its turn
-        n = min(x, chunk, tokens)  # a fresh one here is within both: all of it
-        got.append(i)
-        got_n.append(n)
-        tokens -= n
-        slots -= bool(fresh_all[i])
-        if tokens <= 0:
-            break
-        if slots > 0:
-            keep = t[1] <= min(tokens, chunk)
-        elif started:
-            keep = ~fresh_all[t[2].astype(np.intp)]
-        else:
-            break
-        keep[j] = False
-        t = t.compress(keep, axis=1)
-        if not t.shape[1]:
-            break
-    _add(pos, ns, got, got_n)
-
-
-def _add(pos: list[np.ndarray], ns: list[np.ndarray], got: list[int], got_n: list[int]) -> None:
-    """Add the tail's grants to the plan."""
-    if got:
-        pos.append(np.array(got, dtype=np.intp))
-        ns.append(np.array(got_n, dtype=np.int64))
 
 
 def _walk_one_by_one(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
