@@ -99,8 +99,9 @@ def main() -> None:
     print(f"before {args.before} ({trees['before'].name}), after {args.after} ({trees['after'].name}), "
           f"{args.rounds} alternating runs each; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end "
           f"({os.cpu_count()} CPUs)")
-    print(f"| {'metric':<46} | {'before (median)':>15} | {'after (median)':>14} | {'after/before':>12} |")
-    print(f"|{'-' * 48}|{'-' * 17}:|{'-' * 16}:|{'-' * 14}:|")
+    print(f"| {'metric':<46} | {'before (median)':>15} | {'after (median)':>14} | {'after/before':>12} "
+          f"| {'before min-max':>17} | {'after min-max':>17} |")
+    print(f"|{'-' * 48}|{'-' * 16}:|{'-' * 15}:|{'-' * 13}:|{'-' * 18}:|{'-' * 18}:|")
     decide_ratios = []
     for name in names:
         b = statistics.median(x[name] for x in runs["before"])
@@ -108,7 +109,9 @@ def main() -> None:
         ratio = a / b if b else math.nan
         if name.startswith("decide "):
             decide_ratios.append(ratio)
-        print(f"| {name:<46} | {b:>15.3f} | {a:>14.3f} | {ratio:>12.3f} |")
+        spread = [f"{min(x[name] for x in runs[side]):.3f}-{max(x[name] for x in runs[side]):.3f}"
+                  for side in ("before", "after")]
+        print(f"| {name:<46} | {b:>15.3f} | {a:>14.3f} | {ratio:>12.3f} | {spread[0]:>17} | {spread[1]:>17} |")
     if decide_ratios:
         geo = math.exp(statistics.mean(math.log(x) for x in decide_ratios))
         print(f"decision time, geometric mean of after/before over {len(decide_ratios)} policies: {geo:.3f}")
