@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
-from sglang_pd.sim.cluster import Cluster, ClusterSpec
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.workload import synthetic
 

@@ -33,7 +33,8 @@ from pathlib import Path
 from server_procs import stop, wait_healthy
 from sglang_pd.bench.metrics import percentile
 from sglang_pd.scheduling.config import PolicyConfig
-from sglang_pd.sim.cluster import Cluster, ClusterSpec
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import build_cost
 from sglang_pd.sim.workload import Arrival, Workload
 

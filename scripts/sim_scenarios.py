@@ -24,7 +24,8 @@ from pathlib import Path
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.sim.cli import PolicyPair
-from sglang_pd.sim.cluster import Cluster, ClusterSpec
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import build_cost
 from sglang_pd.sim.report import metrics, plot_policy_sweep
 from sglang_pd.sim.workload import from_trace, synthetic

@@ -12,7 +12,8 @@ from sglang_pd_router.controller import ControllerConfig
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
 from sglang_pd.sim.cli import add_common, cluster_spec
-from sglang_pd.sim.cluster import Cluster, ClusterSpec, SimResult
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec, SimResult
 from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.report import class_ttft
 from sglang_pd.sim.workload import Arrival, Workload

@@ -7,7 +7,8 @@ import pytest
 
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
-from sglang_pd.sim.cluster import Cluster, ClusterSpec, SimResult
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec, SimResult
 from sglang_pd.sim.profiles import StepCost, build_cost
 from sglang_pd.sim.workload import Arrival, Workload, from_trace, synthetic
 

@@ -17,7 +17,8 @@ from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs
 from sglang_pd.scheduling.decode.continuous import ContinuousDecodePolicy
 from sglang_pd.scheduling.prefill.fcfs import FcfsPrefillPolicy
-from sglang_pd.sim.cluster import Cluster, ClusterSpec, SimResult
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec, SimResult
 from sglang_pd.sim.instance import ClusterReq, Instance, Track
 from sglang_pd.sim.profiles import StepCost, build_cost
 from sglang_pd.sim.workload import Arrival, Workload, synthetic

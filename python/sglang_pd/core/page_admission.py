@@ -13,7 +13,7 @@ from sglang_pd.core.progress import remaining_pages
 from sglang_pd.core.radix_cache import Match
 
 if TYPE_CHECKING:
-    from sglang_pd.core.scheduler import SchedulerReq
+    from sglang_pd.core.scheduled_step import SchedulerReq
 
 
 class PageAdmission:

@@ -24,220 +24,20 @@ Colocated step composition: prefill interleaves with running decodes by one rule
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from sglang_pd.core.page_admission import PageAdmission
-from sglang_pd.core.page_allocator import Allocator
-from sglang_pd.core.prefix_hits import PrefixHits
-from sglang_pd.core.progress import pick_victim, reserved_pages
-from sglang_pd.core.radix_cache import EvictingAllocator, RadixCache
+from sglang_pd.core.pool_pressure import PoolPressure
+from sglang_pd.core.progress import reserved_pages
+from sglang_pd.core.scheduled_step import ScheduledStep, SchedulerReq
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile, StepShape
-from sglang_pd.scheduling.colocated import ColocatedInterleave
-from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
-from sglang_pd.scheduling.types import DecodePolicy, PrefillBudget, PrefillPolicy, SchedReq
-from sglang_pd.scheduling.waiting import WaitingQueue
+from sglang_pd.scheduling.types import PrefillBudget
 
 MIN_HOLD_S = 1e-4  # a policy's hold that is already due still waits this long
 
 
-class SchedulerReq(SchedReq, Protocol):
-    """What the mechanism needs of a request beyond the policy view: its pages and KV length."""
-
-    pages: list[int]
-    kv_len: int
-    state: ReqState
-    num_retractions: int
-
-    @property
-    def prefill_target(self) -> int: ...  # tokens that need KV before the next decode step
-
-
-@dataclass
-class ScheduledStep:
-    mode: ForwardMode
-    plan: list[tuple[SchedulerReq, int]]  # (request, new tokens); decodes have n == 1, last
-    shape: StepShape
-    num_decode: int = 0  # the trailing decodes of a DECODE or MIXED step
-
-    @property
-    def reqs(self) -> list[SchedulerReq]:
-        return [r for r, _ in self.plan]
-
-    @property
-    def prefill_plan(self) -> list[tuple[SchedulerReq, int]]:
-        return self.plan[: len(self.plan) - self.num_decode]
-
-    @property
-    def decode_reqs(self) -> list[SchedulerReq]:
-        return [r for r, _ in self.plan[len(self.plan) - self.num_decode:]]
-
-    def profile(self, total_s: float = 0.0, forward_s: float = 0.0) -> StepProfile:
-        """What the step held, KV lengths read before the step advanced them."""
-        contexts = [r.kv_len for r, _ in self.plan]
-        attn = sum(n * (n + 2 * h) for (_, n), h in zip(self.plan, contexts))
-        return StepProfile(self.mode, len(self.plan), self.shape.num_tokens, sum(contexts),
-                           max(contexts) if contexts else 0, self.shape, total_s, forward_s,
-                           self.num_decode, attn)
-
-
-class Scheduler:
-    def __init__(self, allocator: Allocator, cfg: PolicyConfig, prefill_policy: PrefillPolicy,
-                 decode_policy: DecodePolicy, whole_prompt_pages: bool = False,
-                 prefix_cache: bool = False) -> None:
-        # with a prefix cache (core/prefix_hits.py) the scheduler sees evictable cached pages as
-        # free (EvictingAllocator); ``base_allocator`` is the allocator itself
-        self.base_allocator = allocator
-        self.hits: PrefixHits | None = None
-        if prefix_cache:
-            cache = RadixCache(cfg.page_size, allocator)
-            self.hits = PrefixHits(cache, allocator)
-            allocator = EvictingAllocator(allocator, cache)
-        self.allocator = allocator
-        self.cfg = cfg
-        self.page_size = cfg.page_size
-        self.prefill_policy = prefill_policy
-        self.decode_policy = decode_policy
-        # which class this prefill instance serves first (request_class.PREFILL_ROLES): our state,
-        # handed to the policy in every budget; only a policy that serves roles lets it change
-        self.prefill_role = cfg.prefill_role
-        self.whole_prompt_pages = whole_prompt_pages
-        self.max_running = cfg.max_running_requests
-        self.chunk_size = cfg.chunked_prefill_size
-        self.max_prefill_tokens = max(cfg.max_prefill_tokens, cfg.chunked_prefill_size)
-        # arrival order, with the columns the prefill policies read (scheduling/waiting.py): every
-        # change to a waiting request's lengths goes through here and is written back (refresh)
-        self.waiting: WaitingQueue = WaitingQueue(chunk=cfg.chunked_prefill_size)
-        self.running: list[SchedulerReq] = []  # admission order
-        self.parked: dict[SchedulerReq, None] = {}  # held outside the queues (PD), insertion order
-        self.quarantine: dict[object, list[int]] = {}  # pages a peer may still write, by key
-        self.hold_deadline: float | None = None  # the prefill policy waits until then
-        self.num_retractions = 0
-        self.num_preempted_prefills = 0
-        # colocated: prefill interleaves with running decodes by a time budget (colocated.py)
-        self.interleave = ColocatedInterleave(cfg) if cfg.role == "colocated" else None
-        self._decodes_waited = False  # the last step was prefill only while decodes ran
-        self.num_preempted_prefill_tokens = 0  # prefill work thrown away (tokens), for the watchdog
-        # progress rule 3 (core/progress.py): times each waiting request's partial prefill was
-        # thrown away, and positions in the policy's most recent non-empty plan
-        self.prefill_preemptions: dict[SchedulerReq, int] = {}
-        self.last_rank: dict[SchedulerReq, int] = {}
-
-    # ------------------------------------------------------------------ queues
-    def set_prefill_role(self, role: str) -> None:
-        """Switch the class this prefill instance serves first (the router's pool controller)."""
-        if role not in PREFILL_ROLES:
-            raise ValueError(f"prefill role must be one of {PREFILL_ROLES}, got {role!r}")
-        if not self.prefill_policy.serves_roles:
-            raise ValueError("the prefill role can only change on a server started with "
-                             "--prefill-queues dual (or a --prefill-role)")
-        self.prefill_role = role
-
-    def add(self, req: SchedulerReq) -> None:
-        req.state = ReqState.WAITING
-        if self.hits is not None and not req.pages:
-            self.hits.rematch(req)  # its prefix hit, looked up (locked only at admission)
-        # arrival order; retracted requests go back in front of later arrivals
-        self.waiting.add(req)
-
-    def all_reqs(self) -> list[SchedulerReq]:
-        return self.waiting + self.running + list(self.parked)
-
-    def find(self, rid: str) -> SchedulerReq | None:
-        return next((r for r in self.all_reqs() if r.rid == rid), None)
-
-    def remove(self, req: SchedulerReq) -> None:
-        """Take a request out of wherever it is and free its pages (finish, abort, error)."""
-        if req in self.parked:
-            del self.parked[req]
-        elif req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
-        self.release(req)
-        self.prefill_preemptions.pop(req, None)
-        self.last_rank.pop(req, None)
-
-    def release(self, req: SchedulerReq) -> None:
-        """``req`` gives its pages up (its computed KV joins the prefix cache, if any)."""
-        if self.hits is not None:
-            self.hits.release(req)
-        elif req.pages:
-            self.allocator.free(req.pages)
-            req.pages = []
-        req.kv_len = 0
-
-    def flush_cache(self) -> int:
-        """Empty the prefix cache of everything no request uses; pages freed."""
-        return self.hits.cache.flush() if self.hits is not None else 0
-
-    # ------------------------------------------------------------------ PD parking
-    def park(self, req: SchedulerReq, num_pages: int = 0) -> None:
-        """Hold ``req`` outside the queues with its pages (allocating ``num_pages`` more): a PD
-        prefill whose KV is being sent, a PD decode whose KV is arriving."""
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
-        if num_pages:
-            req.pages.extend(self.allocator.alloc(num_pages))
-        req.state = ReqState.PARKED
-        self.parked[req] = None
-
-    def unpark(self, req: SchedulerReq) -> None:
-        """A parked request joins the waiting queue as it is (pages and KV kept; arrival order):
-        a PD prefill request once its decode has registered its destination."""
-        del self.parked[req]
-        self.add(req)
-
-    def start_running(self, req: SchedulerReq, kv_len: int) -> None:
-        """A parked request whose KV (``kv_len`` tokens) has arrived joins the decode batch."""
-        self.parked.pop(req, None)
-        req.kv_len = kv_len
-        req.state = ReqState.RUNNING
-        self.running.append(req)
-
-    def quarantine_pages(self, key: object, req: SchedulerReq) -> None:
-        """Take ``req``'s pages away from it but keep them allocated until ``release_quarantine``:
-        a failed or aborted transfer's peer may still be writing into them."""
-        pages = self.hits.own_pages(req) if self.hits is not None else req.pages
-        req.pages = []
-        if pages:
-            self.quarantine.setdefault(key, []).extend(pages)
-
-    def release_quarantine(self, key: object) -> None:
-        pages = self.quarantine.pop(key, None)
-        if pages:
-            self.allocator.free(pages)
-
-    @property
-    def pending_pages(self) -> int:
-        """Pages that will come back without any scheduling decision (transfers end or time out)."""
-        return sum(len(r.pages) for r in self.parked) + sum(map(len, self.quarantine.values()))
-
-    # ------------------------------------------------------------------ state
-    @property
-    def has_work(self) -> bool:
-        """Compute to do (parked requests wait on transfers, not on compute)."""
-        return bool(self.waiting or self.running)
-
-    def holding(self, now: float) -> bool:
-        return self.hold_deadline is not None and now < self.hold_deadline
-
-    @property
-    def num_used_tokens(self) -> int:
-        return self.allocator.num_used * self.page_size
-
-    def check_integrity(self) -> None:
-        self.allocator.check_integrity()
-        self.waiting.check()
-        hits = self.hits
-        held = sum(len(r.pages) - (hits.shared(r) if hits else 0) for r in self.all_reqs())
-        held += sum(map(len, self.quarantine.values()))
-        cached = hits.cache.num_pages if hits is not None else 0
-        if held + cached != self.base_allocator.num_used:
-            raise RuntimeError(f"pages held by requests and quarantine ({held}) + cached ({cached}) "
-                               f"!= pages in use ({self.base_allocator.num_used})")
+class Scheduler(PoolPressure):
+    """Step composition (``schedule``) and what a step's end changes; the queues are in
+    ``core/scheduler_queues.py``, the pool-pressure rules in ``core/pool_pressure.py``."""
 
     # ------------------------------------------------------------------ steps
     def schedule(self, now: float) -> ScheduledStep | None:
@@ -319,9 +119,6 @@ class Scheduler:
                   if mode is ForwardMode.EXTEND else None)
         return ScheduledStep(mode, plan, StepShape(len(plan), tokens, bucket), num_decode)
 
-    def _needs_page(self, req: SchedulerReq) -> bool:
-        return req.kv_len >= len(req.pages) * self.page_size
-
     def _mixable_decodes(self, now: float) -> list[SchedulerReq]:
         """Decodes that ride along a prefill step: only when they all fit without retraction
         (a mixed step must never evict the chunk it carries)."""
@@ -332,90 +129,6 @@ class Scheduler:
         for r in needs:
             r.pages.extend(self.allocator.alloc(1))
         return batch
-
-    def _fit_decode(self, batch: Sequence[SchedulerReq]) -> list[SchedulerReq]:
-        """Give every request in the batch a slot for its next token. While the pool is short,
-        partial prefills give their pages back first (they have produced nothing yet), then
-        the newest running requests are retracted."""
-        batch = list(batch)
-        ps = self.page_size  # _needs_page inlined: this runs for every request every decode step
-        needs = [r for r in batch if r.kv_len >= len(r.pages) * ps]
-        while len(needs) > self.allocator.num_free:
-            partial = self._victim_partial()
-            if partial is not None:
-                self.preempt_prefill(partial)
-                continue
-            if len(self.running) <= 1:
-                return []  # a lone request holding the whole pool: unblock() decides
-            victim = self.running[-1]
-            self.retract(victim)
-            if victim in batch:
-                batch.remove(victim)
-            if victim in needs:
-                needs.remove(victim)
-        for r in needs:
-            r.pages.extend(self.allocator.alloc(1))
-        return batch
-
-    def _victim_partial(self, bounded: bool = True) -> SchedulerReq | None:
-        """Progress rule 3: the partial prefill the policy ranks last, within the bound."""
-        partials = [r for r in self.waiting if r.pages]
-        if not partials:
-            return None
-        return pick_victim(partials, self.last_rank, self.prefill_preemptions, self.page_size,
-                           bounded)
-
-    def preempt_prefill(self, req: SchedulerReq) -> None:
-        """A waiting request gives back the pages of its partial prefill (recomputed later)."""
-        self.num_preempted_prefill_tokens += req.kv_len
-        self.release(req)
-        if self.hits is not None:
-            self.hits.rematch(req)  # what it computed may be cached now
-        self.waiting.refresh(req)
-        self.num_preempted_prefills += 1
-        self.prefill_preemptions[req] = self.prefill_preemptions.get(req, 0) + 1
-
-    def retract(self, req: SchedulerReq) -> None:
-        self.running.remove(req)
-        self.release(req)
-        req.num_retractions += 1
-        self.num_retractions += 1
-        self.add(req)
-
-    def unblock(self, now: float) -> list[tuple[SchedulerReq, str]]:
-        """``schedule`` returned nothing although work is queued. Free what blocks progress and
-        return the requests that can never run, with the reason (the caller aborts them).
-        Nothing is returned while the policy holds or while parked/quarantined pages will
-        come back on their own."""
-        if self.holding(now):
-            return []
-        never = [r for r in self.waiting if self._pages_for(r.prefill_target) > self.allocator.num_usable]
-        if never:  # larger than the whole pool (grown by its output): no amount of waiting helps
-            return [(r, (f"the request needs {self._pages_for(r.prefill_target) * self.page_size} KV "
-                         f"tokens; the pool holds only {self.allocator.num_usable * self.page_size}"))
-                    for r in never]
-        if self.pending_pages:
-            return []
-        partial = self._victim_partial()
-        if partial is not None:  # pages short: the partial the policy ranks last gives way
-            self.preempt_prefill(partial)
-            return []
-        if self.running:
-            lone = self.running[0]
-            if len(self.running) == 1 and self._needs_page(lone) and self.allocator.num_free == 0:
-                return [(lone, "out of KV cache memory: the request's KV fills the whole pool")]
-            return []  # the decode policy chose to wait, or decodes will give pages back
-        partial = self._victim_partial(bounded=False)
-        if partial is not None:  # unreachable while the reservation holds (core/progress.py)
-            self.preempt_prefill(partial)
-            return []
-        if self.waiting:
-            return [(self.waiting[0], (f"the prefill policy {self.prefill_policy.name!r} scheduled "
-                                       f"nothing with the KV pool free (a policy bug)"))]
-        return []
-
-    def _pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.page_size)
 
     def observe(self, profile: StepProfile, elapsed_s: float, now: float) -> None:
         self.prefill_policy.observe(profile, elapsed_s, now)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from sglang_pd.core.scheduler import ScheduledStep
+from sglang_pd.core.scheduled_step import ScheduledStep
 from sglang_pd.core.step import ReqState, StepProfile
 from sglang_pd.engine import pd_events as ev
 from sglang_pd.engine.admission import request_error

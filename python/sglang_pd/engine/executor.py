@@ -10,7 +10,8 @@ from typing import cast
 
 import torch
 
-from sglang_pd.core.scheduler import ScheduledStep, Scheduler
+from sglang_pd.core.scheduled_step import ScheduledStep
+from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.core.step import ForwardMode
 from sglang_pd.engine.forward_batch import ForwardBatch
 from sglang_pd.engine.forward_timer import ForwardTimer

@@ -4,7 +4,7 @@ The sides (engine/pd_prefill.py, engine/pd_decode.py) decide and keep their own 
 never hold the engine. Every change to a request's place in the scheduler or to its answer
 comes back from ``admit`` / ``poll`` / ``on_chunk`` / ``on_first_token`` as one of these, in
 the order it happened, and the core applies them (``EngineCore._apply``). Pages are the
-exception: decode reserves and quarantines them itself (core/scheduler.py), because it must
+exception: decode reserves and quarantines them itself (core/scheduler_queues.py), because it must
 know them before it registers them with the prefill.
 """
 

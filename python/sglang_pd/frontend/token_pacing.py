@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from sglang_pd.frontend.request_state import ReqState
 from sglang_pd.protocol import ReqOutput
 
 
@@ -112,3 +113,35 @@ class TokenPacer:
         if cancel is not None:
             cancel()
         self.timer = None
+
+
+class Pacers:
+    """The frontend's pacers, one per streaming request with a TPOT SLO (off unless enabled);
+    ``apply`` is how a released output reaches its request (unless it finished meanwhile)."""
+
+    def __init__(self, enabled: bool, apply: Callable[[ReqState, ReqOutput], None]) -> None:
+        self.enabled = enabled
+        self._apply = apply
+        self._by_rid: dict[str, TokenPacer] = {}
+
+    def get(self, state: ReqState) -> TokenPacer | None:
+        """``state``'s pacer (made on its first output), or None when it is not paced."""
+        if not self.enabled or not state.req.stream:
+            return None
+        pacer = self._by_rid.get(state.rid)
+        if pacer is None:
+            tpot_s = state.req.slo.tpot_s if state.req.slo is not None else None  # resolved
+            if not tpot_s:
+                return None
+
+            def apply(out: ReqOutput, st: ReqState = state) -> None:
+                if not st.finished:
+                    self._apply(st, out)
+
+            pacer = self._by_rid[state.rid] = TokenPacer(tpot_s, apply)
+        return pacer
+
+    def drop(self, rid: str) -> None:
+        pacer = self._by_rid.pop(rid, None)
+        if pacer is not None:
+            pacer.close()

@@ -1,9 +1,9 @@
 """The frontend side of the engine channel: submit requests, dispatch outputs, control calls.
 
-One receive-loop task owns the PULL socket and routes every ReqOutput to its ReqState;
-HTTP handlers only wait on the state's event, so nothing else touches ZMQ on the way in.
-Sending uses a plain (synchronous) PUSH socket with an unbounded queue: a send never
-blocks, which lets aborts go out from ``finally`` blocks of cancelled handlers.
+One receive-loop task owns the PULL socket (``frontend/engine_channel.py``) and routes every
+ReqOutput to its ReqState; HTTP handlers only wait on the state's event, so nothing else touches
+ZMQ on the way in. Per-class SLO counters: ``frontend/slo_accounting.py``; the watchdog's
+verdict: ``frontend/engine_health.py``.
 """
 
 from __future__ import annotations
@@ -16,20 +16,21 @@ from typing import Any
 from collections.abc import Callable
 
 import msgspec
-import zmq
-import zmq.asyncio
 
+from sglang_pd.frontend import engine_health
 from sglang_pd.frontend.detokenizer import IncrementalDetokenizer, OutputText
+from sglang_pd.frontend.engine_channel import EngineChannel
 from sglang_pd.frontend.errors import ApiError
 from sglang_pd.frontend.limits import RETRY_AFTER_S
 from sglang_pd.frontend.metrics import FrontendMetrics
 from sglang_pd.frontend.request_state import ReqState
-from sglang_pd.frontend.token_pacing import TokenPacer
+from sglang_pd.frontend.slo_accounting import SloAccounting
+from sglang_pd.frontend.token_pacing import Pacers
 from sglang_pd.frontend.tokenizer import TokenizerBundle
 from sglang_pd.protocol import (AbortReq, BatchOut, ControlReq, ControlResp, EngineReady,
-                                EngineStats, GenerateReq, ReqOutput, Shutdown, decode_from_engine, encode)
+                                EngineStats, GenerateReq, ReqOutput, Shutdown, decode_from_engine)
 from sglang_pd.server_args import ServerArgs
-from sglang_pd_router.request_class import SHORT_PREFILL_THRESHOLD, SentClass, classify, resolve_class
+from sglang_pd_router.request_class import SHORT_PREFILL_THRESHOLD, SentClass
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +47,11 @@ class TokenizerManager:
         self.metrics = metrics
         self.engine_alive = engine_alive
         self.states: dict[str, ReqState] = {}
-        self.pacers: dict[str, TokenPacer] = {}  # --token-pacing: streams held to the TPOT pace
+        self.pacers = Pacers(server_args.token_pacing, self._apply_output)  # --token-pacing
         self.pending_calls: dict[int, asyncio.Future[ControlResp]] = {}
         self.last_stats: EngineStats | None = None
-        # the SLO counters' short/long boundary until the engine reports its own (auto)
-        self._short_threshold = server_args.policy_config().short_prefill_threshold or SHORT_PREFILL_THRESHOLD
+        self.slo = SloAccounting(metrics, server_args.policy_config().short_prefill_threshold
+                                 or SHORT_PREFILL_THRESHOLD)
         self.last_engine_msg = time.monotonic()  # the watchdog's heartbeat: any engine message
         self.engine_dead = False
         self.stopping = False  # set once we asked the engine to exit: its death is expected
@@ -59,24 +60,11 @@ class TokenizerManager:
         self._call_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._req_log_level = logging.INFO if server_args.log_requests else logging.DEBUG
-        self._sync_ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._async_ctx: zmq.asyncio.Context | None = None
-        self._push: zmq.Socket[bytes] | None = None
-        self._pull: zmq.asyncio.Socket | None = None
+        self.channel = EngineChannel(server_args)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self._sync_ctx = zmq.Context()
-        self._push = self._sync_ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.SNDHWM, 0)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(self.server_args.frontend_to_engine_addr)
-        self._async_ctx = zmq.asyncio.Context()
-        self._pull = self._async_ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self.server_args.ensure_ipc_dir()
-        self._pull.bind(self.server_args.engine_to_frontend_addr)
+        self.channel.open()
         self._tasks = [asyncio.create_task(self._recv_loop(), name="engine-recv"),
                        asyncio.create_task(self._watch_engine(), name="engine-watch")]
 
@@ -85,21 +73,9 @@ class TokenizerManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        for sock in (self._push, self._pull):
-            if sock is not None:
-                sock.close(linger=0)
-        for ctx in (self._sync_ctx, self._async_ctx):
-            if ctx is not None:
-                ctx.term()
-        self._push = self._pull = None
-        self._sync_ctx = self._async_ctx = None
+        self.channel.close()
 
     # ------------------------------------------------------------------ requests
-    def _send(self, msg: msgspec.Struct) -> None:
-        if self._push is None:
-            raise ApiError(503, "the server is not connected to the engine")
-        self._push.send(encode(msg), copy=False)
-
     def check_room(self, n: int = 1) -> None:
         """503 (with Retry-After when full) unless ``n`` more requests may be held. Handlers
         call it before tokenizing too, so a full server does no work for refused requests."""
@@ -133,7 +109,7 @@ class TokenizerManager:
                              prompt_tokens=len(req.input_ids))
             self.states[req.rid] = state
             states.append(state)
-            self._send(req)
+            self.channel.send(req)
         return states
 
     def abort(self, state: ReqState) -> None:
@@ -143,19 +119,19 @@ class TokenizerManager:
         state.finished = True
         state.finished_time = time.perf_counter()
         state.finish_reason = {"type": "abort", "message": "client disconnected"}
-        self._drop_pacer(state.rid)
+        self.pacers.drop(state.rid)
         if self.states.pop(state.rid, None) is not None:
             self.metrics.observe_finished(state.prompt_tokens, state.completion_tokens,
                                           state.cached_tokens, state.e2e_latency, aborted=True)
             logger.log(self._req_log_level, "Abort request rid=%s (client disconnected)",
                        state.rid)
         if not self.engine_dead:
-            self._send(AbortReq(rid=state.rid))
+            self.channel.send(AbortReq(rid=state.rid))
 
     def abort_rid(self, rid: str) -> None:
         """/abort_request: the engine answers with finish_reason abort ("" aborts all)."""
         if not self.engine_dead:
-            self._send(AbortReq(rid=rid))
+            self.channel.send(AbortReq(rid=rid))
 
     # ------------------------------------------------------------------ control calls
     async def control(self, call: ControlReq, timeout: float = 10.0) -> ControlResp:
@@ -167,7 +143,7 @@ class TokenizerManager:
         future: asyncio.Future[ControlResp] = asyncio.get_running_loop().create_future()
         self.pending_calls[call_id] = future
         try:
-            self._send(msgspec.structs.replace(call, call_id=call_id))
+            self.channel.send(msgspec.structs.replace(call, call_id=call_id))
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             raise ApiError(504, f"the engine did not answer {call.method!r} within {timeout:g}s") from None
@@ -175,30 +151,14 @@ class TokenizerManager:
             self.pending_calls.pop(call_id, None)
 
     def stall_reason(self) -> str | None:
-        """Why /health should fail (the watchdog, --watchdog-timeout): the engine loop sent
-        nothing while requests wait on it, it reports queued work making no progress, or it
-        livelocks (throws prefill work away again and again while nothing completes)."""
-        limit = self.server_args.watchdog_timeout
-        silent = time.monotonic() - self.last_engine_msg
-        if self.states and silent > limit:
-            return (f"the engine sent nothing for {silent:.0f} s with {len(self.states)} requests "
-                    f"pending (--watchdog-timeout {limit:g} s)")
-        stall = self.last_stats.engine_stall_s if self.last_stats is not None else 0.0
-        if stall > limit:
-            return (f"the engine made no progress for {stall:.0f} s with work queued "
-                    f"(--watchdog-timeout {limit:g} s)")
-        livelock = self.last_stats.engine_livelock_s if self.last_stats is not None else 0.0
-        if livelock > limit:  # busy but going nowhere (core/watchdog.py)
-            return (f"the engine threw away partial prefills over and over for {livelock:.0f} s while no "
-                    f"request completed ({self.last_stats.num_preempted_prefills_total} so far; "  # type: ignore[union-attr]
-                    f"--watchdog-timeout {limit:g} s)")
-        return None
+        """Why /health should fail (--watchdog-timeout), or None (frontend/engine_health.py)."""
+        return engine_health.stall_reason(len(self.states), time.monotonic() - self.last_engine_msg,
+                                          self.last_stats, self.server_args.watchdog_timeout)
 
     # ------------------------------------------------------------------ receive side
     async def _recv_loop(self) -> None:
-        assert self._pull is not None
         while True:
-            data = await self._pull.recv()
+            data = await self.channel.recv()
             self.last_engine_msg = time.monotonic()
             try:
                 msg = decode_from_engine(data)
@@ -223,33 +183,11 @@ class TokenizerManager:
         state = self.states.get(out.rid)
         if state is None:
             return  # aborted on our side already
-        pacer = self._pacer(state)
+        pacer = self.pacers.get(state)
         if pacer is not None:
             pacer.push(out)  # released later by a loop timer, never by waiting here
         else:
             self._apply_output(state, out)
-
-    def _pacer(self, state: ReqState) -> TokenPacer | None:
-        """--token-pacing (frontend/token_pacing.py): streaming requests with a TPOT SLO."""
-        if not self.server_args.token_pacing or not state.req.stream:
-            return None
-        pacer = self.pacers.get(state.rid)
-        if pacer is None:
-            tpot_s = state.req.slo.tpot_s if state.req.slo is not None else None  # resolved
-            if not tpot_s:
-                return None
-
-            def apply(out: ReqOutput, st: ReqState = state) -> None:
-                if not st.finished:
-                    self._apply_output(st, out)
-
-            pacer = self.pacers[state.rid] = TokenPacer(tpot_s, apply)
-        return pacer
-
-    def _drop_pacer(self, rid: str) -> None:
-        pacer = self.pacers.pop(rid, None)
-        if pacer is not None:
-            pacer.close()
 
     def _apply_output(self, state: ReqState, out: ReqOutput) -> None:
         now = time.perf_counter()
@@ -282,7 +220,7 @@ class TokenizerManager:
         state.notify.set()
 
     def _finish(self, state: ReqState, reason: dict[str, Any], last_ids: list[int]) -> None:
-        self._drop_pacer(state.rid)
+        self.pacers.drop(state.rid)
         state.finish_reason = reason
         state.finished = True
         state.finished_time = time.perf_counter()
@@ -292,7 +230,7 @@ class TokenizerManager:
         aborted = reason.get("type") == "abort"
         self.metrics.observe_finished(state.prompt_tokens, state.completion_tokens,
                                       state.cached_tokens, state.e2e_latency, aborted)
-        self._observe_slo(state)
+        self.slo.observe(state, self.last_stats)
         logger.log(self._req_log_level,
                    "Finish request rid=%s prompt_tokens=%d completion_tokens=%d "
                    "cached_tokens=%d e2e_latency=%.3fs finish_reason=%s",
@@ -300,37 +238,11 @@ class TokenizerManager:
                    state.cached_tokens, state.e2e_latency, reason)
 
     def class_threshold(self) -> int:
-        """The short/long boundary the engine classifies by (its report: fitted under auto)."""
-        threshold = self.last_stats.short_prefill_threshold if self.last_stats is not None else 0
-        return threshold if threshold > 0 else self._short_threshold
+        return self.slo.class_threshold(self.last_stats)
 
     def request_class(self, tokens: int, sent: SentClass | None) -> str:
-        """The class of a prompt of ``tokens`` tokens: the router's (``sent``, from its headers)
-        when its count matches ours, else ours; a differing count is logged and counted."""
-        cls, mismatch = resolve_class(sent, tokens, self.class_threshold())
-        if mismatch and sent is not None:
-            self.metrics.class_mismatch.inc()
-            logger.debug("router classified %d tokens as %s; ours: %d tokens, %s",
-                         sent.tokens, sent.request_class, tokens, cls)
-        return cls
-
-    def _observe_slo(self, state: ReqState) -> None:
-        """Per-class SLO attainment counters (client aborts never get here: not the server's
-        miss). Class: new prompt tokens against the server's short/long threshold."""
-        slo = state.req.slo  # resolved at parse time (server defaults included)
-        if slo is None:
-            return
-        cls = state.req.request_class
-        if not cls or state.cached_tokens:  # a prefix hit: the class of the new tokens
-            cls = classify(state.prompt_tokens - state.cached_tokens, self.class_threshold())
-        ttft = state.first_token_time - state.created if state.first_token_time is not None else None
-        if slo.ttft_s:
-            self.metrics.observe_slo(cls, "ttft", ttft, slo.ttft_s)
-        if slo.tpot_s and state.completion_tokens > 1:
-            tpot = None
-            if state.first_token_time is not None and state.finished_time is not None:
-                tpot = (state.finished_time - state.first_token_time) / (state.completion_tokens - 1)
-            self.metrics.observe_slo(cls, "tpot", tpot, slo.tpot_s)
+        """The class of a prompt of ``tokens`` tokens (slo_accounting.py: ``request_class``)."""
+        return self.slo.request_class(tokens, sent, self.last_stats)
 
     async def _watch_engine(self) -> None:
         while not self.stopping:
@@ -351,8 +263,8 @@ class TokenizerManager:
             self._finish(state, {"type": "abort", "message": message}, [])
             state.updated = True
             state.notify.set()
-            if not self.engine_dead and self._push is not None:
-                self._send(AbortReq(rid=state.rid))
+            if not self.engine_dead and self.channel.connected:
+                self.channel.send(AbortReq(rid=state.rid))
 
     def mark_engine_dead(self) -> None:
         """Fail everything in flight with 503 and tell the server to go down."""
@@ -369,7 +281,7 @@ class TokenizerManager:
     async def shutdown_engine(self, timeout: float = 5.0) -> None:
         """Ask the engine to exit; the caller joins (and if need be kills) the process."""
         self.stopping = True
-        if self.engine_dead or self._push is None or not self.engine_alive():
+        if self.engine_dead or not self.channel.connected or not self.engine_alive():
             return
         call = asyncio.ensure_future(self.control(Shutdown(), timeout=timeout))
         # The engine may exit on its own meanwhile (a process-group SIGTERM reaches it too):

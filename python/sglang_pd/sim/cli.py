@@ -20,7 +20,7 @@ from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
-from sglang_pd.sim.cluster import ClusterSpec
+from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import StepCost, build_cost, pads
 from sglang_pd.sim.workload import Workload, from_trace, parse_mix, synthetic
 from sglang_pd.utils.flags import add_flags, from_flags

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from sglang_pd.core.load_signals import LoadTracker
 from sglang_pd.core.page_allocator import CountingAllocator
 from sglang_pd.core.pd_rules import decode_admits, pages_for, prefill_schedulable, whole_prompt_pages
-from sglang_pd.core.scheduler import ScheduledStep, Scheduler
+from sglang_pd.core.scheduled_step import ScheduledStep
+from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy

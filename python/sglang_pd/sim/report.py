@@ -15,7 +15,7 @@ from typing import Any
 from sglang_pd.bench.backends import RequestResult
 from sglang_pd.bench.metrics import BenchMetrics, SloSpec, compute_metrics
 from sglang_pd.bench.report import format_summary, summary_fields
-from sglang_pd.sim.cluster import SimResult
+from sglang_pd.sim.cluster_spec import SimResult
 from sglang_pd.sim.instance import Track
 
 

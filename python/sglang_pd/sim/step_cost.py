@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from sglang_pd.core.scheduler import ScheduledStep
+from sglang_pd.core.scheduled_step import ScheduledStep
 from sglang_pd.core.step import ForwardMode
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.decode_cost_model import DecodeCostModel

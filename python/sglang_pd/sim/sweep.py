@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 
 from sglang_pd.bench.metrics import BenchMetrics, SloSpec
-from sglang_pd.sim.cluster import Cluster, ClusterSpec
+from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.report import metrics
 from sglang_pd.sim.workload import Workload
