@@ -28,6 +28,9 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     layout: KVLayout
     dst_pages: list[int]
     version: int = PROTOCOL_VERSION
+    # Leading prompt tokens (whole pages) decode already holds in its own prefix cache:
+    # dst_pages receive the prompt's pages from prefix_len / page_size on (decode_reuse.py).
+    prefix_len: int = 0
 
 
 class Claim(msgspec.Struct, tag="claim", frozen=True):
