@@ -175,6 +175,28 @@ def test_unreachable_prefill_gives_the_hit_back_to_the_tree(pair) -> None:
     _all_free(d_eng)
 
 
+def test_waiting_timeout_with_a_hit_frees_everything(pair) -> None:
+    """Prefill accepts the delta registration but never computes: decode's waiting timeout fails
+    the room, quarantines its 3 registered pages until prefill confirms, and the hit stays cached."""
+    p_eng, d_eng, port, _ = pair
+    _, d1 = _turn(p_eng, d_eng, port, "t1", 1, TURN1)
+    d_eng.finish(d1, {"type": "length"})
+    msg = _msg("t2", 2, port, TURN1 + [FIRST] + list(range(100, 107)))
+    _admit(p_eng, msg)
+    _admit(d_eng, msg)
+    d_eng.poll(0.0)
+    _poll_until([p_eng, d_eng], lambda: d_eng.pd.mgr.rooms[2].state.acked_at is not None, "ack")
+    d_eng.now = ENVS.waiting_timeout + 1.0
+    _poll_until([d_eng], lambda: "t2" in d_eng.answers, "waiting timeout")
+    assert len(d_eng.scheduler.quarantine.get(2, [])) in (0, 3)  # 3 until prefill confirms
+    d_eng.pages_conserved()
+    p_eng.now = d_eng.now
+    _poll_until([p_eng, d_eng], lambda: not d_eng.scheduler.quarantine and "t2" in p_eng.answers,
+                "quarantine release", timeout=10)
+    assert d_eng.scheduler.hits.cache.num_pages == 2 and d_eng.scheduler.hits.cache.evictable == 2
+    _all_free(p_eng, d_eng)
+
+
 def test_prefill_refuses_a_prefix_len_that_does_not_fit_the_prompt(pair) -> None:
     """A Register whose reused pages plus dst_pages differ from the prompt's pages (a decode
     bug, or another page size): the room fails on both sides before any write."""
