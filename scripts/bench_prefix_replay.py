@@ -146,6 +146,7 @@ def main() -> None:
     p.add_argument("--block-tokens", type=int, default=16, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
+    p.add_argument("--off-first", action="store_true", help="run the cache-off server first")
     p.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     a = p.parse_args()
     reqs = build_requests(a)
@@ -154,7 +155,8 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_dummy_config", "smollm2-135m", model_dir],
                        check=True, capture_output=True)
         log_dir = Path(tempfile.mkdtemp(prefix="prefix_replay_"))
-        runs = [run_server(a, model_dir, c, reqs, log_dir) for c in (True, False)]
+        order = (False, True) if a.off_first else (True, False)  # alternate to see machine drift
+        runs = sorted((run_server(a, model_dir, c, reqs, log_dir) for c in order), key=lambda r: not r["cache"])
     sim, sim_full = sim_hit_rates(a)
     on, off = runs
     prompt_toks = sum(len(r[1]) for r in reqs)
