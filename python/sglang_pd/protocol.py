@@ -238,7 +238,15 @@ class EngineStats(msgspec.Struct):
     num_transfer_failed_reqs_total: int = 0
     kv_transfer_speed_gb_s: float = 0.0
     kv_transfer_latency_ms: float = 0.0
-    kv_transfer_bytes_total: int = 0  # prefill: KV bytes posted to decodes (all requests)
+    # decode-side prefix reuse (disaggregation/decode_reuse.py): prefill's pages (bytes) written
+    # to decodes and prompt pages (bytes) not sent since the decode held them; decode's prompt
+    # tokens reused from its own cache and pages it registered for prefill to write
+    kv_transfer_pages_total: int = 0
+    kv_transfer_bytes_total: int = 0
+    kv_transfer_skipped_pages_total: int = 0
+    kv_transfer_skipped_bytes_total: int = 0
+    num_decode_reused_tokens_total: int = 0
+    num_decode_registered_pages_total: int = 0
     # dual prefill queues and the router's pool controller (core/load_signals.py)
     prefill_role: str = "both"  # both | short | long (a label-like string, not a gauge)
     short_prefill_threshold: int = 0  # new tokens <= this are short (the fitted value under auto)

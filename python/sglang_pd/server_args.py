@@ -97,6 +97,10 @@ class ServerArgs(PolicyConfig):
     # accepted; UCX picks devices from UCX_NET_DEVICES
     disaggregation_ib_device: str | None = flag(None, "--disaggregation-ib-device")
     num_reserved_decode_tokens: int = flag(512, "--num-reserved-decode-tokens")
+    disaggregation_decode_enable_radix_cache: bool = flag(
+        False, "--disaggregation-decode-enable-radix-cache",
+        help="decode keeps finished requests' KV in a prefix cache; a follow-up prompt's cached "
+             "pages are reused and prefill sends only the rest (disaggregation/decode_reuse.py)")
     # where the frontend and engine processes meet (derived per server if unset)
     ipc_dir: str = ""
     # PolicyConfig's, derived here from --disaggregation-mode and --short-prefill-buckets

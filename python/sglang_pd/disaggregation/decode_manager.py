@@ -88,10 +88,12 @@ class KVReceiverManager:
         return None
 
     def add_request(
-        self, room: int, bootstrap_host: str, bootstrap_port: int, dst_pages: list[int], now: float
+        self, room: int, bootstrap_host: str, bootstrap_port: int, dst_pages: list[int], now: float,
+        prefix_len: int = 0,
     ) -> RoomUpdate | None:
-        """Register ``dst_pages`` for ``room`` with its prefill. None: poll() reports the room
-        later. A Failed update (pages_releasable): nothing was sent and nothing is held; the
+        """Register ``dst_pages`` for ``room`` with its prefill (the prompt's pages after the
+        ``prefix_len`` tokens this decode already holds: decode_reuse.py). None: poll() reports
+        the room later. A Failed update (pages_releasable): nothing was sent and nothing is held; the
         caller frees dst_pages and fails the request (``failure.http_status``)."""
         early = self._claim_failures.pop(room, None)
         if early is not None:  # the prefill failed the room while it waited for pages
@@ -126,6 +128,7 @@ class KVReceiverManager:
             layout=self.transport.layout,
             dst_pages=list(dst_pages),
             tp_size=getattr(self, "tp_size", 1),  # tp_sides.TPReceiverManager sets it
+            prefix_len=prefix_len,
         )
         why = self.client.register(bootstrap_host, bootstrap_port, reg, now)
         if why is not None:  # never sent: no write can come, the pages are free at once

@@ -31,6 +31,9 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     # decode's --tp-size: prefill maps KV heads per decode server from it (tp_mapping.py);
     # pages travel with all KV heads whatever the sizes, so an old peer's default 1 is safe
     tp_size: int = 1
+    # Leading prompt tokens (whole pages) decode already holds in its own prefix cache:
+    # dst_pages receive the prompt's pages from prefix_len / page_size on (decode_reuse.py).
+    prefix_len: int = 0
 
 
 class Claim(msgspec.Struct, tag="claim", frozen=True):

@@ -48,6 +48,9 @@ class _Room:
     client_id: str | None = None
     peer: str | None = None
     dst_pages: list[int] = field(default_factory=list)
+    # leading src pages decode already holds (Register.prefix_len): never sent; dst_pages[i]
+    # receives src_pages[skip + i] (disaggregation/decode_reuse.py)
+    skip: int = 0
     ready: int = 0  # pages filled by prefill so far
     sent: int = 0  # pages already posted
     ready_last: bool = False
@@ -87,6 +90,10 @@ class KVSenderManager:
         # expected rooms whose decode registered since take_registered(): the engine makes
         # their requests schedulable (core/pd_rules.py: prefill_schedulable)
         self._registered: list[int] = []
+        # what the transfers moved, for /get_load: pages written, and prompt pages not sent
+        # because the decode already held them (decode-side reuse)
+        self.pages_sent_total = 0
+        self.pages_skipped_total = 0
 
     def _room(self, room: int, now: float) -> _Room:
         r = self.rooms.get(room)
@@ -193,7 +200,8 @@ class KVSenderManager:
                     self.server.send(r.client_id, msg)
             if r.state.is_settled and not r.handles and not r.cancelling:
                 st = r.state
-                updates.append(RoomUpdate(room, st.phase.value, st.failure, st.reason))
+                updates.append(RoomUpdate(room, st.phase.value, st.failure, st.reason,
+                                          pages_sent=r.sent - r.skip))
                 del self.rooms[room]
                 self._closed[room] = st.reason or f"its transfer already ended ({st.phase.value})"
                 if st.abandoned:
@@ -279,8 +287,9 @@ class KVSenderManager:
             self.server.send(client_id, m.RegisterRefused(reg.room, f"room {reg.room}: {e}"))
             return
         r.client_id, r.peer, r.dst_pages = client_id, peer, list(reg.dst_pages)
+        r.skip = r.sent = reg.prefix_len // reg.layout.page_size  # bootstrap server checked it
         self._client_peer[client_id] = peer
-        r.state.on_register(now, len(reg.dst_pages))
+        r.state.on_register(now, r.skip + len(reg.dst_pages))
         if r.src_pages is None or r.state.check_num_pages(now, len(r.src_pages)):
             self.server.send(client_id, m.RegisterAck(reg.room, self.transport.agent_name))
             if r.expected and r.src_pages is None:
@@ -309,12 +318,14 @@ class KVSenderManager:
             lo, hi = r.sent, r.ready
             if hi == lo:  # nothing new but the last flag: the final chunk was empty
                 lo = hi - 1  # resend the last page so the notif still travels with data
+            d_lo, d_hi = lo - r.skip, hi - r.skip  # slices of dst_pages (skip < every hi)
             try:
                 h = self.transport.write_pages(
                     r.peer,
                     r.src_pages[lo:hi],
-                    r.dst_pages[lo:hi],
-                    m.kv_notif(r.state.room, chunk, last, r.aux if last else b"", pages=(lo, hi)),
+                    r.dst_pages[d_lo:d_hi],
+                    m.kv_notif(r.state.room, chunk, last, r.aux if last else b"",
+                               pages=(d_lo, d_hi)),
                 )
             except (ValueError, TransferError) as e:  # bad pages, or the peer was removed
                 logger.error("room %d: posting chunk %d failed: %s", r.state.room, chunk, e)
@@ -323,6 +334,9 @@ class KVSenderManager:
                 return
             r.state.on_transfer_started(now, chunk, last)
             r.chunk, r.sent = chunk + 1, hi
+            self.pages_sent_total += d_hi - d_lo
+            if last:
+                self.pages_skipped_total += r.skip
             if h.status == "ERR":
                 r.state.on_transfer_error(now, chunk, h.error)
             else:

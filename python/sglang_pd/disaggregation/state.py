@@ -15,7 +15,7 @@ Prefill: WaitingForDecode -> Transferring -> Done
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Failure(enum.Enum):
@@ -50,3 +50,5 @@ class RoomUpdate:
     reason: str = ""
     pages_releasable: bool = True  # False: keep the pages until a later update says True
     aux: bytes = b""  # decode "Success": the aux data prefill sent with the last chunk
+    # prefill: pages its writes covered (decode-side reuse skips some); a count, not identity
+    pages_sent: int = field(default=0, compare=False)

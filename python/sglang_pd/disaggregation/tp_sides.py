@@ -5,8 +5,8 @@ the engine gathers the heads before a write (prefill) and scatters them after th
 notification (decode), engine/tp/kv_move.py. Here, only the hooks into the managers:
 
 - ``GatherTransport`` wraps prefill's transport: the pages of every WRITE are gathered just
-  before it is posted, and the bytes posted are counted (every prefill uses it: the counter
-  feeds ``kv_transfer_bytes_total``).
+  before it is posted (``kv_transfer_bytes_total`` counts the pages the sender manager sends,
+  engine/pd_prefill.py, one definition for every TP size).
 - ``TPSenderManager`` computes the head mapping once per decode server, at its first
   Register (which carries the decode's tp_size), refusing a decode whose TP size cannot
   split the heads; the mapping is logged and kept (``mappings``).
@@ -39,8 +39,6 @@ class GatherTransport(KVTransport):
     def __init__(self, inner: KVTransport, before_write: PagesHook | None = None) -> None:
         self.inner, self.before_write = inner, before_write
         self.layout, self.agent_name = inner.layout, inner.agent_name
-        self.bytes_posted = 0
-        self.writes_posted = 0
 
     def metadata(self) -> bytes:
         return self.inner.metadata()
@@ -56,10 +54,7 @@ class GatherTransport(KVTransport):
         if self.before_write is not None:
             self.layout.check_pages(src_pages, "src_pages")  # before any rank reads them
             self.before_write(list(src_pages))
-        h = self.inner.write_pages(peer, src_pages, dst_pages, notif)
-        self.bytes_posted += h.nbytes
-        self.writes_posted += 1
-        return h
+        return self.inner.write_pages(peer, src_pages, dst_pages, notif)
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
         return self.inner.poll(handle)
@@ -116,8 +111,11 @@ class TPReceiverManager(KVReceiverManager):
         self._dst: dict[int, list[int]] = {}
 
     def add_request(self, room: int, bootstrap_host: str, bootstrap_port: int,
-                    dst_pages: list[int], now: float) -> RoomUpdate | None:
-        fail = super().add_request(room, bootstrap_host, bootstrap_port, dst_pages, now)
+                    dst_pages: list[int], now: float, prefix_len: int = 0) -> RoomUpdate | None:
+        # dst_pages are the pages registered (after a decode-side prefix hit): the scatter
+        # moves only those; reused pages are on every rank already
+        fail = super().add_request(room, bootstrap_host, bootstrap_port, dst_pages, now,
+                                   prefix_len)
         if fail is None:
             self._dst[room] = list(dst_pages)
         return fail

@@ -123,8 +123,10 @@ def build_engine(args: ServerArgs, tp: TPGroup | None = None) -> EngineParts:
         allocator, cfg_p, create_prefill_policy(args.schedule_policy, cfg_p),
         create_decode_policy(args.decode_policy, cfg_p),
         whole_prompt_pages=whole_prompt_pages(args.disaggregation_mode),  # core/pd_rules.py
-        # prefix cache (core/prefix_hits.py); a decode server's KV arrives whole from prefill
-        prefix_cache=not args.disable_radix_cache and args.disaggregation_mode != "decode",
+        # prefix cache (core/prefix_hits.py); on decode only when asked: there it saves transfer,
+        # not compute (disaggregation/decode_reuse.py)
+        prefix_cache=not args.disable_radix_cache and (
+            args.disaggregation_mode != "decode" or args.disaggregation_decode_enable_radix_cache),
     )
     stop_checker = StopChecker(None if args.skip_tokenizer_init else args.tokenizer_dir,
                                list(cfg.eos_token_ids), context_length)

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from sglang_pd.core.pd_rules import decode_admits, pages_for
+from sglang_pd.core.pd_rules import decode_admits
 from sglang_pd.core.scheduler import Scheduler
+from sglang_pd.disaggregation import decode_reuse
 from sglang_pd.disaggregation.state import Failure, RoomUpdate
 from sglang_pd.engine.pd import TransferStats, failure_status, room_error, runs_locally
 from sglang_pd.engine.pd_events import FirstTokenAux, Parked, PDEvent, Queued, Unparked
@@ -42,6 +43,7 @@ class DecodeSide:
     prealloc: deque[Req] = field(default_factory=deque)  # parked, waiting for pages
     transferring: dict[int, Req] = field(default_factory=dict)  # parked, registered, KV on its way
     stats_: TransferStats = field(default_factory=TransferStats)
+    reuse: decode_reuse.ReuseStats = field(default_factory=decode_reuse.ReuseStats)
 
     @property
     def has_pending(self) -> bool:
@@ -117,15 +119,18 @@ class DecodeSide:
         sched = self.scheduler
         while self.prealloc:
             req = self.prealloc[0]
-            need = pages_for(req.prompt_len, self.page_size)
-            if not decode_admits(len(sched.running), len(self.transferring), self.max_running, need,
-                                 self.reserved_pages, sched.allocator.num_free):
+            # with a decode-side cache, the prompt's cached pages are reused, not received
+            res = decode_reuse.plan(sched, req)
+            if not decode_admits(len(sched.running), len(self.transferring), self.max_running,
+                                 res.need, self.reserved_pages, sched.allocator.num_free):
                 break  # FIFO: the head waits, and everything behind it (core/pd_rules.py)
             self.prealloc.popleft()
-            sched.park(req, num_pages=need)
+            decode_reuse.reserve(sched, req, res)
+            self.reuse.count(res, self.page_size)
             self.transferring[req.bootstrap_room] = req
             host, port = req.bootstrap_addr
-            fail = self.mgr.add_request(req.bootstrap_room, host, port, list(req.pages), now)
+            fail = self.mgr.add_request(req.bootstrap_room, host, port, req.pages[res.hit:], now,
+                                        prefix_len=res.hit * self.page_size)
             if fail is not None:  # nothing was sent: no write can come, the pages are free now
                 logger.warning("room %d: registering with %s:%d failed: %s", req.bootstrap_room, host,
                                port, fail.reason)
@@ -135,7 +140,8 @@ class DecodeSide:
         return events
 
     def stats(self) -> dict[str, Any]:
-        return {**self.stats_.as_dict(), "num_decode_prealloc_queue_reqs": len(self.prealloc),
+        return {**self.stats_.as_dict(), **self.reuse.as_dict(),
+                "num_decode_prealloc_queue_reqs": len(self.prealloc),
                 "num_decode_transfer_queue_reqs": len(self.transferring)}
 
     def close(self) -> None:

@@ -117,7 +117,7 @@ class PrefillSide:
             if req is None:
                 continue
             if update.phase == "Done":
-                self._record_speed(req.bootstrap_room, len(req.pages), now)
+                self._record_speed(req.bootstrap_room, update.pages_sent, now)
                 events.append(Finished(req, {"type": "length", "length": len(req.output_ids)}))
             else:  # incl. a request still bootstrapping whose decode never registered (timeout)
                 events.append(self.stats_.failed(req, update))
@@ -135,11 +135,16 @@ class PrefillSide:
 
     def stats(self) -> dict[str, Any]:
         inflight = len(self.scheduler.parked) - len(self.bootstrapping)
+        bpp = self.mgr.transport.layout.bytes_per_page_all_layers
+        sent, skipped = self.mgr.pages_sent_total, self.mgr.pages_skipped_total
         return {**self.stats_.as_dict(), "num_prefill_bootstrap_queue_reqs": len(self.bootstrapping),
+                # KV moved to decodes, and what decode-side reuse spared (disaggregation/decode_reuse.py)
+                "kv_transfer_pages_total": sent, "kv_transfer_bytes_total": sent * bpp,
+                "kv_transfer_skipped_pages_total": skipped,
+                "kv_transfer_skipped_bytes_total": skipped * bpp,
                 "num_prefill_inflight_queue_reqs": inflight,
                 "kv_transfer_speed_gb_s": self.stats_.last_speed_gb_s,
-                "kv_transfer_latency_ms": self.stats_.last_latency_ms,
-                "kv_transfer_bytes_total": getattr(self.mgr.transport, "bytes_posted", 0)}
+                "kv_transfer_latency_ms": self.stats_.last_latency_ms}
 
     def close(self) -> None:
         self.mgr.close()

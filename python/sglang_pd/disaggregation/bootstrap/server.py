@@ -20,6 +20,7 @@ from sglang_pd.disaggregation.bootstrap.events import (
     Refused,
     zmq_ctx,
 )
+from sglang_pd.disaggregation.decode_reuse import check_prefix_len
 from sglang_pd.disaggregation.kv_layout import KVLayout
 
 logger = logging.getLogger(__name__)
@@ -177,4 +178,4 @@ class BootstrapServer:
             reg.layout.check_pages(reg.dst_pages, f"room {reg.room} dst_pages")
         except ValueError as e:
             return str(e)
-        return None
+        return check_prefix_len(reg.prefix_len, reg.layout.page_size)
