@@ -155,6 +155,19 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def tp_rank_pids(server_pid: int) -> list[int]:
+    """The TP rank processes (ranks 1..N-1) a server started, from their command lines."""
+    out = []
+    for pid in _descendants(server_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"sglang_pd.engine.tp.worker" in f.read():
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
 def kill_server(handle: ServerHandle) -> None:
     """SIGKILL a server's frontend and every process under it (its engine), as a crash would.
     Only this server's own process tree: tests share the pytest process group."""

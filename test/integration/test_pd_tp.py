@@ -24,7 +24,6 @@ from pd_utils import (
     FAST_FAULT_ENV,
     PDResult,
     Prefill,
-    _descendants,
     async_client,
     distinct_ports,
     load,
@@ -35,6 +34,7 @@ from pd_utils import (
     start_prefill,
     start_router,
     stop_all,
+    tp_rank_pids,
     wait_free_pages,
 )
 from server_utils import ServerHandle
@@ -162,23 +162,12 @@ def test_routers_drive_pd_with_tp(servers, reference, tmp_path, router: str, pai
         handle.stop()
 
 
-def _rank_pids(server_pid: int) -> list[int]:
-    out = []
-    for pid in _descendants(server_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"sglang_pd.engine.tp.worker" in f.read():
-                    out.append(pid)
-        except OSError:
-            pass
-    return out
-
 
 def test_a_dead_decode_rank_takes_the_decode_down_and_prefill_frees_every_page(servers) -> None:
     """Runs last: it kills the module's tp-2 decode."""
     prefill, decode = servers["p2"], servers["d2"]
     total = load(prefill.base_url)["num_free_pages"]
-    (rank1,) = _rank_pids(decode.proc.pid)
+    (rank1,) = tp_rank_pids(decode.proc.pid)
     body = {"input_ids": PROMPTS[2], "sampling_params": {**SAMPLING, "max_new_tokens": 400}}
     results: list[PDResult | httpx.HTTPError] = []
 

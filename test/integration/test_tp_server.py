@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from pd_utils import _descendants, load, wait_until
+from pd_utils import _descendants, load, tp_rank_pids, wait_until
 from server_utils import start_server
 from sglang_pd.engine.tp.inprocess import engine_core
 from sglang_pd.protocol import GenerateReq, SamplingParams
@@ -31,17 +31,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
 
-
-def _worker_pids(server_pid: int) -> list[int]:
-    out = []
-    for pid in _descendants(server_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"sglang_pd.engine.tp.worker" in f.read():
-                    out.append(pid)
-        except OSError:
-            pass
-    return out
 
 
 def _generate(base_url: str, ids: list[int], n: int = NEW, timeout: float = 60) -> httpx.Response:
@@ -68,7 +57,7 @@ def test_tp2_server_equals_tp1_and_sigterm_drains_every_rank(tiny_llama_kv1: str
     server = start_server(tiny_llama_kv1, tmp_path, *FLAGS)
     try:
         tree = _descendants(server.proc.pid)
-        assert len(_worker_pids(server.proc.pid)) == 1, server.log()[-3000:]
+        assert len(tp_rank_pids(server.proc.pid)) == 1, server.log()[-3000:]
         for ids, expected in zip(PROMPTS, want):
             r = _generate(server.base_url, ids)
             assert r.status_code == 200, r.text
@@ -95,7 +84,7 @@ def test_a_dead_rank_takes_the_server_down(tiny_llama_kv1: str, tmp_path) -> Non
     server = start_server(tiny_llama_kv1, tmp_path, *FLAGS)
     try:
         tree = _descendants(server.proc.pid)
-        (worker,) = _worker_pids(server.proc.pid)
+        (worker,) = tp_rank_pids(server.proc.pid)
         result: dict[str, object] = {}
 
         def call() -> None:
