@@ -34,8 +34,9 @@ from sglang_pd.sim.report import metrics
 from sglang_pd.sim.workload import from_trace
 
 EDITS = {  # the lines of SlackPlusDecodePolicy.choose each what-if replaces
-    "norecover": [("recover = [b and t_all <= self.tpot_s(r) for b, r in zip(behind, running)]",
-                   "recover = [False] * n")],
+    "norecover": [("recover = [b and t_all <= self.tpot_s(r) and c - d <= RECOVER_LATENESS * self.tpot_s(r)",
+                   "recover = [False and c - d"), ("for b, r, c, d in zip(behind, running, solo, due)]",
+                                                   "for c, d in zip(solo, due)]")],
     "nokept": [("kept = min((due[i] for i in range(n) if chosen[i] and due[i] >= t_cur), default=math.inf)",
                 "kept = math.inf"), ("kept = min(kept, due[i])", "pass")],
     "stats": [("    if count == n:\n", "    STATS[sum(recover)] += 1\n    if count == n:\n")],

@@ -28,11 +28,17 @@ the cumulative pace, not only on average.
 
 A step slower than the table (a hiccup of e seconds) can leave requests late. A late
 request is *behind*: it misses its next deadline even decoded alone now. When its pace is
-feasible (t_all <= its T_slo), a behind request is mandatory: it decodes in every step until it
-is back on pace, and since each of those steps takes at most t_all <= T_slo, its lateness never
-grows and shrinks by T_slo - step per token. Bound (exact table apart from the hiccups): a token
-is at most e late, e the largest single overrun since the request was last on pace, and the
-request is back on pace within ceil(e / (T_slo - t_all)) steps (any step when t_all < T_slo).
+feasible (t_all <= its T_slo) and its next token, decoded alone now, would be at most T_slo / 2
+late (a hiccup's lateness), a behind request *recovers*: it is mandatory, decoding in every step
+until it is back on pace, and since each of those steps takes at most t_all <= T_slo, its
+lateness never grows and shrinks by T_slo - step per token. Bound (exact table apart from the
+hiccups): after an overrun e with e + solo step <= 1.5 T_slo (the paper case's 128K request:
+e up to 34 ms), a token is at most e late and the request is back on pace within
+ceil(e / (T_slo - t_all)) steps (any step when t_all < T_slo). A request later than that
+fell behind with load the table did not plan for, often with many others (the Kairos scenario,
+1P+1D, QPS 2: up to 15 at once); making all of those mandatory fixes each step's membership,
+so slack+ cannot pace the rest and more fall behind (E2E attainment 67.4 -> 60.5% in window 3).
+They are best effort like an infeasible one (next paragraph); 0.5 measured: docs/scheduling.md.
 
 When the pace is not feasible (t_all > T_slo: a long request among many short ones), pace
 cannot be held for everyone, and keeping the requests that are already behind in every step
@@ -61,6 +67,9 @@ from typing import Any
 from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
 from sglang_pd.scheduling.types import R
 
+# a behind request recovers only while its lateness is under this share of its T_slo (docstring)
+RECOVER_LATENESS = 0.5
+
 
 class SlackPlusDecodePolicy(SlackDecodePolicy):
     name = "slack+"
@@ -76,10 +85,12 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
         t_all = model.batch_s(ctx)
         due = [next_deadline(r, self.tpot_s(r), now) - now for r in running]
         # behind its pace: misses its next deadline even decoded alone now; best effort
-        behind = [d < model.step_s(1, c, c) for d, c in zip(due, ctx)]
-        # a behind request whose pace is feasible catches up by decoding every step; one whose
-        # pace is not is best effort (below)
-        recover = [b and t_all <= self.tpot_s(r) for b, r in zip(behind, running)]
+        solo = [model.step_s(1, c, c) for c in ctx]
+        behind = [d < s for d, s in zip(due, solo)]
+        # a behind request whose pace is feasible and that is under half a token period late
+        # (what a hiccup leaves) catches up by decoding every step; any other is best effort
+        recover = [b and t_all <= self.tpot_s(r) and c - d <= RECOVER_LATENESS * self.tpot_s(r)
+                   for b, r, c, d in zip(behind, running, solo, due)]
         best_effort = [b and not rc for b, rc in zip(behind, recover)]
         if any(b and r.rid in self._behind_skipped for b, r in zip(best_effort, running)):
             self._behind_skipped.clear()  # a best-effort request never waits two steps in a row
