@@ -46,6 +46,9 @@ from sglang_pd.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
+# a live rank takes a plan within microseconds (its queue is unbounded up to the HWM); only a
+# rank that died (its PULL socket gone) leaves the send waiting
+PLAN_SEND_TIMEOUT_S = 10.0
 
 
 class TPStartError(RuntimeError):
@@ -107,6 +110,8 @@ class TPRanks:
         plan_socks = []
         for rank in range(1, n):
             sock = ctx.socket(zmq.PUSH)
+            # a PUSH with no live peer blocks a send for ever: a dead rank must fail the step
+            sock.setsockopt(zmq.SNDTIMEO, int(PLAN_SEND_TIMEOUT_S * 1000))
             sock.bind(plan_addr(args.ipc_dir, rank))
             plan_socks.append(sock)
         args_file = os.path.join(args.ipc_dir, "tp_args.json")
@@ -169,10 +174,21 @@ class TPRanks:
 
     # ------------------------------------------------------------------ serving
     def send(self, plan: StepPlan | KVGather | KVScatter) -> None:
+        """Every other rank gets ``plan``. Raises (the step fails, its requests end with an
+        error, and the engine loop's failure check takes the server down) when a rank has died
+        or the group is out of step: a send to a dead rank would otherwise block the loop."""
+        failure = self.failure()
+        if failure is not None:
+            raise RuntimeError(failure)
         t0 = time.perf_counter()
         data = encode(plan)
         for sock in self.plan_socks:
-            sock.send(data)
+            try:
+                sock.send(data)
+            except zmq.Again as exc:
+                self.broken = True
+                raise RuntimeError(f"a tensor-parallel rank took no step plan within "
+                                   f"{PLAN_SEND_TIMEOUT_S:g}s") from exc
         self.stats.plans += 1
         self.stats.bytes += len(data)
         self.stats.seconds += time.perf_counter() - t0
