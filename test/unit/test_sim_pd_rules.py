@@ -39,7 +39,7 @@ def test_decode_admission_rule() -> None:
 class _Mgr:
     """The receiver manager surface _preallocate touches: registration always succeeds."""
 
-    def add_request(self, room, host, port, pages, now):
+    def add_request(self, room, host, port, pages, now, prefix_len=0):
         return None
 
 
