@@ -414,3 +414,21 @@ def metric_value(base_url: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def greedy_reference(args: Any, prompts: list[list[int]], new: int, steps: int = 300
+                     ) -> list[list[int]]:
+    """Greedy tokens of ``prompts`` from an in-process colocated engine built from ``args``
+    (the reference the TP and PD+TP parity tests compare against)."""
+    from sglang_pd.engine.tp.inprocess import engine_core
+    from sglang_pd.protocol import GenerateReq, SamplingParams
+
+    params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
+    got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    with engine_core(args) as (core, _):
+        for i, ids in enumerate(prompts):
+            core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params))
+        for _ in range(steps):
+            for out in core.step():
+                got[out.rid].extend(out.new_token_ids)
+    return [got[str(i)] for i in range(len(prompts))]

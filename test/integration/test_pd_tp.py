@@ -26,6 +26,7 @@ from pd_utils import (
     Prefill,
     async_client,
     distinct_ports,
+    greedy_reference,
     load,
     nixl_missing,
     pd_request,
@@ -38,8 +39,6 @@ from pd_utils import (
     wait_free_pages,
 )
 from server_utils import ServerHandle
-from sglang_pd.engine.tp.inprocess import engine_core
-from sglang_pd.protocol import GenerateReq, SamplingParams
 from sglang_pd.server_args import ServerArgs
 
 pytestmark = [pytest.mark.timeout(300),
@@ -57,15 +56,7 @@ def reference(tiny_model_dir: str) -> list[list[int]]:
     """The colocated engine's greedy tokens (tp 1, same paging and chunking as PD_FLAGS)."""
     args = ServerArgs(model_path=tiny_model_dir, page_size=4, chunked_prefill_size=64,
                       max_total_tokens=16384)
-    params = SamplingParams(max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
-    got: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
-    with engine_core(args) as (core, _):
-        for i, ids in enumerate(PROMPTS):
-            core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params))
-        for _ in range(300):
-            for step_out in core.step():
-                got[step_out.rid].extend(step_out.new_token_ids)
-    tokens = [got[str(i)] for i in range(len(PROMPTS))]
+    tokens = greedy_reference(args, PROMPTS, NEW)
     assert all(len(t) == NEW for t in tokens), tokens
     return tokens
 

@@ -12,10 +12,8 @@ import time
 
 import httpx
 import pytest
-from pd_utils import _descendants, load, tp_rank_pids, wait_until
+from pd_utils import _descendants, greedy_reference, load, tp_rank_pids, wait_until
 from server_utils import start_server
-from sglang_pd.engine.tp.inprocess import engine_core
-from sglang_pd.protocol import GenerateReq, SamplingParams
 from sglang_pd.server_args import ServerArgs
 
 FLAGS = ("--tp-size", "2", "--page-size", "4", "--chunked-prefill-size", "64",
@@ -41,15 +39,7 @@ def _generate(base_url: str, ids: list[int], n: int = NEW, timeout: float = 60) 
 
 def _tp1_reference(model_dir: str) -> list[list[int]]:
     args = ServerArgs(model_path=model_dir, page_size=4, max_total_tokens=4096, dtype="float32")
-    params = SamplingParams(max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
-    got: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
-    with engine_core(args) as (core, _):
-        for i, ids in enumerate(PROMPTS):
-            core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params))
-        for _ in range(200):
-            for out in core.step():
-                got[out.rid].extend(out.new_token_ids)
-    return [got[str(i)] for i in range(len(PROMPTS))]
+    return greedy_reference(args, PROMPTS, NEW, steps=200)
 
 
 def test_tp2_server_equals_tp1_and_sigterm_drains_every_rank(tiny_llama_kv1: str, tmp_path) -> None:
