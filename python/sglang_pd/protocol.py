@@ -12,6 +12,8 @@ import math
 
 import msgspec
 
+from sglang_pd_router.slo_units import slo_ms_to_s
+
 # input limits that SamplingParams.validate enforces (frontend/limits.py lists them all)
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 256
@@ -93,10 +95,9 @@ class Slo(msgspec.Struct, frozen=True, omit_defaults=True):
 
     @classmethod
     def from_ms(cls, ttft_ms: float | None, tpot_ms: float | None) -> Slo | None:
-        """The one place milliseconds (the wire's and the flags' unit) become seconds."""
-        if not ttft_ms and not tpot_ms:
-            return None
-        return cls(ttft_ms / 1e3 if ttft_ms else None, tpot_ms / 1e3 if tpot_ms else None)
+        """A request's SLO from milliseconds (the wire's and the flags' unit)."""
+        ttft_s, tpot_s = slo_ms_to_s(ttft_ms), slo_ms_to_s(tpot_ms)
+        return None if ttft_s is None and tpot_s is None else cls(ttft_s, tpot_s)
 
 
 # PD requests with this bootstrap_host run locally without a KV transfer (health checks)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 from typing import Any
 
@@ -30,6 +29,7 @@ from .admin import AdminRoutes
 from .answer import STREAM_KEY, error_body, error_response
 from .proxy import Dispatcher
 from .request_class import SHORT_PREFILL_THRESHOLD, classify
+from .slo_units import slo_ms_to_s
 from .workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -185,9 +185,7 @@ class RouterService:
         self._apply_slo_defaults(body, request, cls)
         slo_ = body.get("slo")
         slo: dict[str, Any] = slo_ if isinstance(slo_, dict) else {}
-        ttft_ms = slo.get("ttft_ms")
-        route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
-            ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
+        route_req = RouteRequest(prompt_len, 0, slo_ms_to_s(slo.get("ttft_ms")), cls)
         if self.prefill_policy.reads_prefix_blocks:  # cache_aware's prefix index needs the prompt
             route_req.prefix_blocks = request_prefix_blocks(body)
         stream = body.get("stream") is True

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 # re-exported: one definition, in the router's package (scheduling/ and core/ read it from here)
 from sglang_pd_router.request_class import PREFILL_ROLES as PREFILL_ROLES
 from sglang_pd_router.request_class import SHORT_PREFILL_THRESHOLD
+from sglang_pd_router.slo_units import slo_ms_to_s
 
 from sglang_pd.core.step import BucketGrid
 from sglang_pd.utils.flags import flag
@@ -140,7 +141,7 @@ class PolicyConfig:
 
     @property
     def slo_ttft_s(self) -> float | None:
-        return self.slo_ttft_ms / 1e3 if self.slo_ttft_ms else None
+        return slo_ms_to_s(self.slo_ttft_ms)
 
     @property
     def dual_queues(self) -> bool:
@@ -149,4 +150,4 @@ class PolicyConfig:
 
     @property
     def slo_tpot_s(self) -> float | None:
-        return self.slo_tpot_ms / 1e3 if self.slo_tpot_ms else None
+        return slo_ms_to_s(self.slo_tpot_ms)
