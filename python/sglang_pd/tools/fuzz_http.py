@@ -5,7 +5,8 @@ with one field (top level or inside sampling_params / messages) replaced by a ho
 (wrong types, strings for booleans, NaN, huge and tiny numbers, huge strings and lists, deep
 nesting), fields dropped, unknown fields added, and raw bodies (broken JSON, NaN literals,
 non-objects, invalid UTF-8, oversized). Afterwards the server must answer /health and have
-every KV page free again. Deterministic for a seed.
+every KV page free again. With a prefill (PD, as a router sends them) its half is checked the
+same way: no 5xx or timeout, no answer left open, its pages back, healthy. Deterministic for a seed.
 
   python -m sglang_pd.tools.fuzz_http --url http://127.0.0.1:30000 --cases 2000
 """
@@ -356,10 +357,18 @@ def main() -> None:
           f"{len(summary['failures'])} failures (5xx, timeouts, dropped connections); free pages "
           f"{summary['free_pages_before']} -> {summary['free_pages_after']} of {summary['total_pages']}; "
           f"healthy after: {summary['healthy_after']}")
+    pre = summary.get("prefill")
+    pre_ok = True
+    if pre is not None:
+        for f in pre["failures"][:50]:
+            print(f"  PREFILL FAIL {f['status']} {f['path']} {f['what']} {f['error']}")
+        pre_ok = not pre["failures"] and pre["healthy_after"] and pre["free_pages_after"] == pre["total_pages"]
+        print(f"prefill: {len(pre['failures'])} failures; free pages {pre['free_pages_before']} -> "
+              f"{pre['free_pages_after']} of {pre['total_pages']}; healthy after: {pre['healthy_after']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=1)
-    sys.exit(0 if not summary["failures"] and summary["healthy_after"]
+    sys.exit(0 if not summary["failures"] and summary["healthy_after"] and pre_ok
              and summary["free_pages_after"] == summary["free_pages_before"] else 1)
 
 
