@@ -322,7 +322,7 @@ async def run_fuzz(base: str, n: int, seed: int = 0, concurrency: int = 8, timeo
                 "cached_pages_after": pload["num_cached_pages"],
                 "evictable_pages_after": pload["num_evictable_pages"],
                 "failures": [_failure(r.prefill) for r in results
-                             if r.prefill is not None and (r.prefill.status >= 500 or r.prefill.status in (-1, -2))]}
+                             if r.prefill is not None and (r.prefill.status >= 500 or r.prefill.status < 0)]}
     bad = [r for r in results if r.status >= 500 or r.status < 0]
     by_status: dict[int, int] = {}
     for r in results:
