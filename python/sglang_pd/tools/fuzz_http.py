@@ -5,7 +5,8 @@ with one field (top level or inside sampling_params / messages) replaced by a ho
 (wrong types, strings for booleans, NaN, huge and tiny numbers, huge strings and lists, deep
 nesting), fields dropped, unknown fields added, and raw bodies (broken JSON, NaN literals,
 non-objects, invalid UTF-8, oversized). Afterwards the server must answer /health and have
-every KV page free again. Deterministic for a seed.
+every KV page free again. With a prefill (PD, as a router sends them) its half is checked the
+same way: no 5xx or timeout, no answer left open, its pages back, healthy. Deterministic for a seed.
 
   python -m sglang_pd.tools.fuzz_http --url http://127.0.0.1:30000 --cases 2000
 """
@@ -37,6 +38,9 @@ SAMPLING_KEYS = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "fr
                  "seed", "n", "regex", "json_schema", "ebnf"]
 
 
+VALID = "valid"  # ``what`` of the unchanged greedy bodies: every answer must be the same text
+
+
 @dataclass
 class Case:
     method: str
@@ -46,7 +50,7 @@ class Case:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _bases(model: str, pd: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def base_bodies(model: str, pd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     sp = {"max_new_tokens": 4, "temperature": 0}
     return {
         "/generate": {"text": "The river flows", "sampling_params": sp, **pd},
@@ -80,7 +84,7 @@ def _dump(body: Any) -> bytes:
 
 def make_cases(n: int, seed: int, model: str, pd: dict[str, Any]) -> list[Case]:
     rng = random.Random(seed)
-    bases = _bases(model, pd)
+    bases = base_bodies(model, pd)
     raw = [b"", b"{", b"[]", b"null", b"42", b'"text"', b'{"text": NaN}', b'{"text": Infinity}',
            b'{"text": "\xff\xfe"}', b'{"text": "\\ud800"}', b"\xff" * 100, b'{"a": ' * 5000 + b'1' + b'}' * 5000,
            b'{"text": "a", "text": 5}', b" " * 10, b'{"sampling_params": []}']
@@ -90,6 +94,8 @@ def make_cases(n: int, seed: int, model: str, pd: dict[str, Any]) -> list[Case]:
             cases.append(Case("POST", path, body, f"raw {body[:30]!r}"))
     cases.append(Case("POST", "/generate", b'{"text": "' + b"a" * (40 << 20) + b'"}', "40 MB body"))
     gen, comp, chat = bases["/generate"], bases["/v1/completions"], bases["/v1/chat/completions"]
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):  # greedy: one answer
+        cases += [Case("POST", path, _dump(bases[path]), VALID) for _ in range(4)]
     targeted: list[tuple[str, dict[str, Any]]] = [  # classes of bugs found by hand (issue 22)
         *[("/generate", {**gen, "return_logprob": True, "top_logprobs_num": k}) for k in (7000, 10**6, -1)],
         *[("/v1/completions", {**comp, "logprobs": k}) for k in (7000, 10**6, -1, True)],
@@ -176,52 +182,117 @@ def _pin_pd_fields(cases: list[Case], pd: dict[str, Any], rng: random.Random) ->
         c.body = _dump(body)
 
 
+CLOSED = -3  # PD: the prefill half was still open after the grace and was closed, as a router does
+
+
 @dataclass
 class Result:
     status: int
     case: Case
     error: str = ""
+    body: bytes = b""  # kept for answers under 1 MB (texts of 200s, error shapes of 4xx)
+    prefill: Result | None = None  # PD: the prefill half's answer to the same body
+
+
+def answer_text(path: str, body: bytes) -> str | None:
+    """The generated text of a non-streamed 200 answer of ``path`` (None when not one)."""
+    try:
+        obj = json.loads(body)
+        if path == "/generate":
+            return obj["text"] if isinstance(obj["text"], str) else None
+        choice = obj["choices"][0]
+        return choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def is_json_error(body: bytes) -> bool:
+    """The documented error shape: {"error": {"message": str, ...}} (docs/api.md)."""
+    try:
+        err = json.loads(body)["error"]
+        return isinstance(err["message"], str) and bool(err["message"])
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 async def _send(session: aiohttp.ClientSession, base: str, case: Case, timeout: float,
-                prefill: str | None = None) -> Result:
+                prefill: str | None = None, grace: float = 10.0) -> Result:
     """With ``prefill`` (PD), the same body also goes there, as a router sends it."""
     if prefill is not None and case.method == "POST" and case.path != "/abort_request":
         # as a router: the decode half is what the client sees; once it is answered the
-        # prefill half is given a moment, then its connection is closed (prefill aborts it)
+        # prefill half is given ``grace`` to answer too, then its connection is closed (the
+        # prefill aborts it). A valid request's prefill half has answered before its decode
+        # can: the decode needs its KV.
         other = asyncio.ensure_future(_send(session, prefill, case, timeout))
         res = await _send(session, base, case, timeout)
-        done, _ = await asyncio.wait({other}, timeout=2.0)
-        if not done:
+        done, _ = await asyncio.wait({other}, timeout=grace)
+        if done:
+            res.prefill = other.result()
+        else:
             other.cancel()
+            res.prefill = Result(CLOSED, case, f"no answer {grace:g} s after the decode's")
         return res
     headers = {"content-type": "application/json", **case.headers}
     try:
         async with session.request(case.method, base + case.path, data=case.body or None, headers=headers,
                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            await resp.read()  # streams included: drain to the end
-            return Result(resp.status, case)
+            body = await resp.read()  # streams included: drain to the end
+            return Result(resp.status, case, body=body if len(body) < 1 << 20 else b"")
     except asyncio.TimeoutError:
         return Result(-1, case, "client timeout")
     except aiohttp.ClientError as exc:
         return Result(-2, case, f"{type(exc).__name__}: {exc}")
 
 
-async def _free_pages(session: aiohttp.ClientSession, base: str) -> tuple[int, int]:
+async def _load(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
     async with session.get(base + "/get_load") as resp:
         body = await resp.json()
-    load = body[0] if isinstance(body, list) else body
-    return int(load["num_free_pages"]), int(load["num_total_pages"])
+    return body[0] if isinstance(body, list) else body
+
+
+async def _settle(session: aiohttp.ClientSession, base: str, free0: int) -> dict[str, Any]:
+    """/get_load once ``base`` is idle with ``free0`` pages free again (or after 30 s):
+    aborted streams give their pages back shortly."""
+    deadline = time.monotonic() + 30
+    while True:
+        load = await _load(session, base)
+        if (load["num_free_pages"] == free0 and load.get("num_reqs", 0) == 0) or time.monotonic() > deadline:
+            return load
+        await asyncio.sleep(0.2)
+
+
+async def _healthy(session: aiohttp.ClientSession, base: str) -> bool:
+    async with session.get(base + "/health", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        return resp.status == 200
+
+
+def _failure(r: Result) -> dict[str, Any]:
+    return {"status": r.status, "path": r.case.path, "what": r.case.what, "error": r.error}
+
+
+def _answer(r: Result) -> dict[str, Any]:
+    """One row per case: both halves' statuses, the text of a 200, whether a 4xx is JSON."""
+    row: dict[str, Any] = {"path": r.case.path, "what": r.case.what, "status": r.status,
+                           "text": answer_text(r.case.path, r.body) if r.status == 200 else None,
+                           "json_error": is_json_error(r.body) if 400 <= r.status < 500 else None}
+    if r.prefill is not None:
+        p = r.prefill
+        row.update(prefill_status=p.status, prefill_error=p.error,
+                   prefill_json_error=is_json_error(p.body) if 400 <= p.status < 500 else None)
+    return row
 
 
 async def run_fuzz(base: str, n: int, seed: int = 0, concurrency: int = 8, timeout: float = 120.0,
                    pd: dict[str, Any] | None = None, prefill: str | None = None,
                    progress: bool = True) -> dict[str, Any]:
-    """Run ``n`` cases against ``base``; return a summary (failures listed)."""
+    """Run ``n`` cases against ``base``; return a summary (failures listed; ``answers``: one row
+    per case, see ``_answer``). With ``prefill`` the summary has its pages and health too."""
     async with aiohttp.ClientSession() as session:
         async with session.get(base + "/v1/models") as resp:
             model = (await resp.json())["data"][0]["id"]
-        free0, total = await _free_pages(session, base)
+        load0 = await _load(session, base)
+        free0, total = int(load0["num_free_pages"]), int(load0["num_total_pages"])
+        pload0 = await _load(session, prefill) if prefill else None
         cases = make_cases(n, seed, model, pd or {})
         if pd:
             _pin_pd_fields(cases, pd, random.Random(seed + 1))
@@ -239,24 +310,28 @@ async def run_fuzz(base: str, n: int, seed: int = 0, concurrency: int = 8, timeo
             return res
 
         results = await asyncio.gather(*(one(c) for c in cases))
-        deadline = time.monotonic() + 30
-        free = -1
-        while time.monotonic() < deadline:  # aborted streams give their pages back shortly
-            free, _ = await _free_pages(session, base)
-            if free == free0:
-                break
-            await asyncio.sleep(0.2)
-        async with session.get(base + "/health") as resp:
-            healthy = resp.status == 200
+        free = int((await _settle(session, base, free0))["num_free_pages"])
+        healthy = await _healthy(session, base)
+        summary: dict[str, Any] = {}
+        if prefill and pload0 is not None:
+            pload = await _settle(session, prefill, int(pload0["num_total_pages"]))
+            summary["prefill"] = {
+                "healthy_after": await _healthy(session, prefill),
+                "free_pages_before": pload0["num_free_pages"], "free_pages_after": pload["num_free_pages"],
+                "total_pages": pload["num_total_pages"], "num_reqs_after": pload.get("num_reqs", 0),
+                "cached_pages_after": pload["num_cached_pages"],
+                "evictable_pages_after": pload["num_evictable_pages"],
+                "failures": [_failure(r.prefill) for r in results
+                             if r.prefill is not None and (r.prefill.status >= 500 or r.prefill.status < 0)]}
     bad = [r for r in results if r.status >= 500 or r.status < 0]
     by_status: dict[int, int] = {}
     for r in results:
         by_status[r.status] = by_status.get(r.status, 0) + 1
     return {"cases": len(results), "by_status": dict(sorted(by_status.items())),
-            "failures": [{"status": r.status, "path": r.case.path, "what": r.case.what, "error": r.error}
-                         for r in bad],
+            "failures": [_failure(r) for r in bad],
             "free_pages_before": free0, "free_pages_after": free, "total_pages": total,
-            "healthy_after": healthy, "wall_s": time.monotonic() - t0}
+            "healthy_after": healthy, "wall_s": time.monotonic() - t0,
+            "answers": [_answer(r) for r in results], **summary}
 
 
 def main() -> None:
@@ -282,10 +357,18 @@ def main() -> None:
           f"{len(summary['failures'])} failures (5xx, timeouts, dropped connections); free pages "
           f"{summary['free_pages_before']} -> {summary['free_pages_after']} of {summary['total_pages']}; "
           f"healthy after: {summary['healthy_after']}")
+    pre = summary.get("prefill")
+    pre_ok = True
+    if pre is not None:
+        for f in pre["failures"][:50]:
+            print(f"  PREFILL FAIL {f['status']} {f['path']} {f['what']} {f['error']}")
+        pre_ok = not pre["failures"] and pre["healthy_after"] and pre["free_pages_after"] == pre["total_pages"]
+        print(f"prefill: {len(pre['failures'])} failures; free pages {pre['free_pages_before']} -> "
+              f"{pre['free_pages_after']} of {pre['total_pages']}; healthy after: {pre['healthy_after']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=1)
-    sys.exit(0 if not summary["failures"] and summary["healthy_after"]
+    sys.exit(0 if not summary["failures"] and summary["healthy_after"] and pre_ok
              and summary["free_pages_after"] == summary["free_pages_before"] else 1)
 
 
