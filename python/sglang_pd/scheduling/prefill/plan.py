@@ -180,7 +180,8 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         js = may.nonzero()[0]
         done = False
         lim = min(tokens, chunk) if slots > 0 else -1  # the longest fresh one that may go now
-        for i, x, fr in zip(seg[js].tolist(), rem_all[seg[js]].tolist(), f[js].tolist()):
+        sj = seg[js]
+        for i, x, fr in zip(sj.tolist(), rem_all[sj].tolist(), f[js].tolist()):
             if fr and x > lim:
                 continue  # no slot left, or too long for the tokens left: skipped
             if x <= 0:
