@@ -140,9 +140,7 @@ class AwdBatcher:
         d_max = max(1, min(self.max_depth(pad_len, token_budget), slots))
         target = min(self.depth, d_max)  # this decision's depth; D itself is not clamped
         batch_idx = self._candidate(rem, first, pad_len, d_max)
-        lengths: list[int] = rem[batch_idx].tolist()
         batch = q.pick(batch_idx)
-        s_hat = self.model.step_s(zip(lengths, q.pre[batch_idx].tolist()))
         head_arrival = float(arrival[0])
         round_start = max(self.last_dispatch, head_arrival)
         hol_end = head_arrival + self.t_max
@@ -153,11 +151,14 @@ class AwdBatcher:
         if now >= hol_end:
             return self._dispatch(go, "hol")
         if anchor < 0:  # deadline-free: token-max
-            if sum(lengths) >= self.min_tokens:
+            if int(rem[batch_idx].sum()) >= self.min_tokens:
                 return self._dispatch(go, "tokens")
             return AwdDecision([], hol_end, "tokens")
         # min over the requests of (deadline - now - S_hat): the earliest deadline's (the
         # subtraction keeps the order of its operands, so the minimum is the same number)
+        # S_hat, the batch's step time: only the rules from here on read it (issue 28:
+        # decision time; a batch dispatched above never pays for it)
+        s_hat = self.model.step_s(zip(rem[batch_idx].tolist(), q.pre[batch_idx].tolist()))
         min_slack = float(deadlines[anchor]) - now - s_hat
         if min_slack <= self.sigma:
             return self._dispatch(go, "slack")

@@ -119,15 +119,18 @@ class DeadlinePolicy(PrefillPolicy):
         return walk(q, order, budget, self.max_partial, cut=cut)
 
 
-def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float, distinct: bool = False) -> np.ndarray:
+def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float, distinct: bool = False,
+                      scratch: bool = False) -> np.ndarray:
     """Kairos Alg. 2 for every request at once: the finish time of each under FCFS from ``now``,
     counting all requests that arrived at or before it (``<=``: equal arrivals count each
     other). Every waiting request has arrived, so max(t, arrival) = t and this is a prefix sum
     over the arrival order (``arrivals`` ascending; ``np.cumsum`` adds left to right, as a
     loop would). A run of equal arrivals all finish when its last one does. O(n).
-    ``distinct``: the caller knows no two arrivals are equal (``Queue.distinct``): no runs."""
+    ``distinct``: the caller knows no two arrivals are equal (``Queue.distinct``): no runs.
+    ``scratch``: ``works`` (float64) is the caller's to overwrite: summed in place, no copy."""
     n = len(works)
-    fin = works.astype(np.float64)  # a copy: now + w0, then one sum after another, in place
+    # now + w0, then one sum after another, in place (a copy unless the caller's scratch)
+    fin = works if scratch and works.dtype == np.float64 else works.astype(np.float64)
     if n:
         fin[0] += now
         fin.cumsum(out=fin)

@@ -31,6 +31,7 @@ gain from waiting), or when the short head is overdue. No request is ever strand
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 from sglang_pd_router.request_class import classify
@@ -178,10 +179,9 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         rem = q.rem
         if len(rem) and rem.min() > 0 and rem.max() <= chunk and int(rem.sum()) <= tokens and \
                 len(rem) - q.n_started <= slots:  # the usual batch: each takes all it has left
-            batch = q.take(list(range(len(rem))))
-            ns = rem.tolist()
-            k = budget.grant_run(batch, ns, q.fresh.tolist())
-            return list(zip(batch[:k], ns[:k]))
+            start = len(budget.granted)
+            budget.grant_run(q.every(), rem.tolist(), q.fresh.tolist())
+            return cast("list[tuple[R, int]]", budget.granted[start:])  # the grants it recorded
         idx: list[int] = []
         ns = []
         starts: list[bool] = []
@@ -198,9 +198,9 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             slots -= fresh
         if not idx:
             return []
-        batch = q.take(idx)
-        k = budget.grant_run(batch, ns, starts)  # KV refusal: no backfilling past it
-        return list(zip(batch[:k], ns[:k]))
+        start = len(budget.granted)
+        budget.grant_run(q.take(idx), ns, starts)  # KV refusal: no backfilling past it
+        return cast("list[tuple[R, int]]", budget.granted[start:])
 
     def _short(self, decision: AwdDecision, now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         src = decision.queue.sub(decision.positions) \

@@ -93,7 +93,7 @@ class KairosPrefillPolicy(DeadlinePolicy):
         """-u, the key of the order (u descending), without a negation: -(x - y) = y - x and
         -(x / y) = (-x) / y exactly in floating point, so it is the negation of ``urgency``."""
         inv_mu = 1.0 / self.mu.tps
-        fin = fcfs_finish_array(q.arrival, q.remf * inv_mu, now, q.distinct)  # (floats: exact whole numbers)
+        fin = fcfs_finish_array(q.arrival, q.remf * inv_mu, now, q.distinct, scratch=True)  # (a new array)
         slos = q.slos(self.no_slo_s)
         fin -= q.arrival
         fin -= slos - self.margin_s

@@ -180,7 +180,8 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         js = may.nonzero()[0]
         done = False
         lim = min(tokens, chunk) if slots > 0 else -1  # the longest fresh one that may go now
-        for i, x, fr in zip(seg[js].tolist(), rem_all[seg[js]].tolist(), f[js].tolist()):
+        sj = seg[js]
+        for i, x, fr in zip(sj.tolist(), rem_all[sj].tolist(), f[js].tolist()):
             if fr and x > lim:
                 continue  # no slot left, or too long for the tokens left: skipped
             if x <= 0:
@@ -210,18 +211,18 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         _add(pos, ns, got, got_n)
         return
     # one array, a column per request (one ``compress`` filters them all): key, fit,
-    # position, group
-    t = np.empty((3 if group is None else 4, len(idx)))
-    t[0], t[1], t[2] = key, fit[idx], idx
+    # position, group; ungrouped, built only once the tail grants a second one (it often
+    # ends with the first: that one is read from ``key`` alone)
+    t: np.ndarray | None = None
     if group is not None:  # by group (stable: queue order within one): the first group leads
-        t[3] = group
-        t = t[:, stable_argsort(group)]
+        t = _table(key, fit, idx, group)
     while True:
-        if group is None:
-            j = first_of(t[0], None)
+        if t is None:
+            j = first_of(key, None)
+            i = int(idx[j])
         else:
-            j = first_of(t[0, : int(t[3].searchsorted(t[3, 0], "right"))], None)
-        i = int(t[2, j])
+            j = first_of(t[0] if group is None else t[0, : int(t[3].searchsorted(t[3, 0], "right"))], None)
+            i = int(t[2, j])
         x = int(rem_all[i])
         if x <= 0:
             break  # nothing to prefill: the walk ends at its turn
@@ -230,19 +231,29 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         got_n.append(n)
         tokens -= n
         slots -= bool(fresh_all[i])
-        if tokens <= 0:
+        if tokens <= 0 or (slots <= 0 and not started):
             break
+        if t is None:
+            t = _table(key, fit, idx, None)
         if slots > 0:
             keep = t[1] <= min(tokens, chunk)
-        elif started:
-            keep = ~fresh_all[t[2].astype(np.intp)]
         else:
-            break
+            keep = ~fresh_all[t[2].astype(np.intp)]
         keep[j] = False
         t = t.compress(keep, axis=1)
         if not t.shape[1]:
             break
     _add(pos, ns, got, got_n)
+
+
+def _table(key: np.ndarray, fit: np.ndarray, idx: np.ndarray, group: np.ndarray | None) -> np.ndarray:
+    """The tail's candidates as rows key, fit, position (, group: sorted by it, stably)."""
+    t = np.empty((3 if group is None else 4, len(idx)))
+    t[0], t[1], t[2] = key, fit[idx], idx
+    if group is not None:
+        t[3] = group
+        t = t[:, stable_argsort(group)]
+    return t
 
 
 def _add(pos: list[np.ndarray], ns: list[np.ndarray], got: list[int], got_n: list[int]) -> None:

@@ -149,6 +149,13 @@ class Queue(Generic[R]):
             out.reqs = self.pick(idx)
         return out
 
+    def every(self) -> list[R]:
+        """All the requests, in queue order, as a list."""
+        if self._objs is not None:
+            every: list[R] = self._objs.tolist()
+            return every
+        return list(self.reqs)
+
     def take(self, idx: list[int]) -> list[R]:
         """``[reqs[i] for i in idx]`` for a list of positions."""
         if isinstance(self.reqs, np.ndarray):  # a sub-queue's objects

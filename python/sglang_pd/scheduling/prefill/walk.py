@@ -8,6 +8,7 @@ from the queue's numbers (``plan.py``, array code) and only KV admission is aske
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -43,8 +44,9 @@ def grant_plan(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarr
         return []
     reqs = q.pick(pos)
     tokens: list[int] = ns.tolist()
-    k = budget.grant_run(reqs, tokens, q.fresh[pos].tolist())
-    return list(zip(reqs[:k], tokens[:k])) if k < len(reqs) else list(zip(reqs, tokens))
+    start = len(budget.granted)
+    budget.grant_run(reqs, tokens, q.fresh[pos].tolist())
+    return cast("list[tuple[R, int]]", budget.granted[start:])  # what grant_run recorded: the grants
 
 
 def _walk_one_by_one(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
