@@ -9,7 +9,7 @@ import pytest
 
 from sglang_pd.core.page_allocator import CountingAllocator
 from sglang_pd.core.scheduler import Scheduler
-from sglang_pd.core.step import ForwardMode
+from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.colocated import MIN_TOKENS, PREFILL_SHARE, ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
@@ -140,13 +140,76 @@ def test_budget_rule() -> None:
     assert not mixed.decode_turn(True)
 
 
-def test_measured_token_rate_caps_a_prior_that_is_far_off() -> None:
+def test_measured_ratio_caps_a_prior_that_is_far_off() -> None:
     """The cost model's prior says 25K tokens/s (a GPU); the CPU does 200. After one measured
-    prefill step the cap follows the measured rate, not the prior's 512-token chunks."""
-    from sglang_pd.core.step import StepProfile, StepShape
+    prefill step the cap follows the measured/predicted ratio (99x), not the prior's 512-token
+    chunks: the prior's launch alone, scaled, is over B, so the step gets the floor."""
     lace = ColocatedInterleave(PolicyConfig(chunked_prefill_size=512))  # the default prior
     lace.decode_s = 0.2
     assert lace.prefill_tokens(0, 512) == 512  # the prior: 300 ms buys every token
     step = StepProfile(ForwardMode.EXTEND, 1, 500, 0, 0, StepShape(1, 500), total_s=2.5)
     lace.observe(step, 2.5)
-    assert lace.prefill_tokens(0, 512) == 59  # 300 ms less the launch, at 5 ms per token
+    assert lace.scale == pytest.approx(2.5 / lace.model.step_s([(500, 0)]))
+    assert lace.prefill_tokens(0, 512) == MIN_TOKENS
+
+
+def test_measured_ratio_is_not_a_long_contexts_token_rate() -> None:
+    """A step over 500K tokens of context costs ~25x a short one per token; measuring it (on a
+    machine 2x slower than the prior) must not hold a short prompt's chunk to its per-token
+    rate (the Medha scenario's regression): the short one's cap is B at 2x its own cost."""
+    prior = PrefillCoeffs(launch_s=1e-3, per_req_s=0.0, a=0.0, b=1e-5, g_w=0.0, g_r=5e-7)
+    lace = ColocatedInterleave(PolicyConfig(chunked_prefill_size=4096), PrefillCostModel(prior))
+    lace.decode_s = 0.02  # B = 30 ms
+    long_step = StepProfile(ForwardMode.EXTEND, 1, 125, 500_000, 500_000, StepShape(1, 125))
+    truth = 2 * PrefillCostModel.fixed(prior).step_s([(125, 500_000)])
+    lace.observe(long_step, truth)
+    assert lace.scale == pytest.approx(2.0)
+    b = 0.03 - 2 * prior.launch_s
+    assert lace.prefill_tokens(0, 4096) == int(b / (2 * prior.b))  # 1,400: at its own cost
+    assert lace.prefill_tokens(0, 4096) > 10 * int(b / (truth / 125))  # the old per-token rule: 7
+
+
+def next_step(sched: Scheduler, now: float):
+    """The next step, past a policy's holds (AWD's batching window under dual queues)."""
+    for _ in range(10):
+        step = sched.schedule(now)
+        if step is not None:
+            return step
+        assert sched.hold_deadline is not None
+        now = sched.hold_deadline
+    raise AssertionError("no step")
+
+
+@pytest.mark.parametrize("prefill", ["edf", "sjf", "kairos+", "dual"])
+def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(prefill: str) -> None:
+    """Issue 28 (the Medha scenario's regression): with decodes running and a 262K-token
+    partial prefill waiting, a short prompt the policy ranks first gets the chunk B buys at ITS
+    context (139 tokens here), not the 32-token floor that is all B buys at the long one's
+    context (the old step-wide cap); the whole step stays within B."""
+    coeffs = PrefillCoeffs(launch_s=2e-3, per_req_s=0.0, a=1e-8, b=2e-4, g_w=0.0, g_r=1e-8)
+    model = PrefillCostModel.fixed(coeffs)
+    cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16,
+                       slo_ttft_ms=2000.0, prefill_queues="dual" if prefill == "dual" else "single")
+    policy = create_prefill_policy("fcfs" if prefill == "dual" else prefill, cfg)
+    policy.use_cost_model(model)
+    sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
+    sched.interleave.model = model
+    d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
+    sched.add(d0)
+    step = next_step(sched, 0.0)
+    sched.after_extend(step.prefill_plan)
+    assert d0 in sched.running  # decodes run from now on: the interleave applies
+    long = SimReq("L", 0.0, 600_000, output_len=4, slo_ttft_s=600.0, kv_len=262_144)
+    long.pages = sched.allocator.alloc(262_144 // 16)  # partly prefilled, holding its pages
+    short = SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0)
+    sched.add(long)
+    sched.add(short)
+    sched.check_integrity()
+    step = next_step(sched, 0.01)
+    assert step.mode is ForwardMode.EXTEND
+    got = {r.rid: n for r, n in step.prefill_plan}
+    lace = sched.interleave
+    assert lace.prefill_tokens(long.kv_len, 200) == MIN_TOKENS  # all B buys at the long one's context
+    assert got["s"] == lace.prefill_tokens(0, 200) == 139  # B at its own context
+    spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
+    assert spent <= lace.budget_s() - coeffs.launch_s  # the whole step within B
