@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduled_step import ScheduledStep
 from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.colocated import MIN_TOKENS, NO_SLO_TARGET_S, PREFILL_SHARE, ColocatedInterleave
@@ -175,7 +176,7 @@ def test_measured_ratio_is_not_a_long_contexts_token_rate() -> None:
     assert lace.prefill_tokens(0, 4096) > 10 * int(b / (truth / 125))  # the old per-token rule: 7
 
 
-def next_step(sched: Scheduler, now: float):
+def next_step(sched: Scheduler, now: float) -> ScheduledStep:
     """The next step, past a policy's holds (AWD's batching window under dual queues)."""
     for _ in range(10):
         step = sched.schedule(now)
@@ -199,7 +200,9 @@ def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(p
     policy = create_prefill_policy("fcfs" if prefill == "dual" else prefill, cfg)
     policy.use_cost_model(model)
     sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
-    sched.interleave.model = model
+    lace = sched.interleave
+    assert lace is not None
+    lace.model = model
     d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
     sched.add(d0)
     step = next_step(sched, 0.0)
@@ -214,7 +217,6 @@ def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(p
     step = next_step(sched, 0.01)
     assert step.mode is ForwardMode.EXTEND
     got = {r.rid: n for r, n in step.prefill_plan}
-    lace = sched.interleave
     assert lace.prefill_tokens(long.kv_len, 200) == MIN_TOKENS  # all B buys at the long one's context
     assert got["s"] == lace.prefill_tokens(0, 200) == 139  # B at its own context
     spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
