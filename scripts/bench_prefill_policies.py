@@ -230,38 +230,32 @@ def table(runs: list[PolicyRun], cmp: dict[str, dict[str, float | None]]) -> str
 
 def plot(runs: list[PolicyRun], args: argparse.Namespace, path: Path) -> bool:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
+
+        from sglang_pd.bench.plots import grouped_bars, save_figure
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
     names = [r.policy for r in runs]
-    xs = range(len(runs))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    a1.bar(xs, [(r.short_p90_ms or 0) / 1e3 for r in runs], color="tab:blue", label="short p90")
-    a1.plot(xs, [(r.short_p50_ms or 0) / 1e3 for r in runs], "ko", label="short p50")
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    a1, a2 = fig.subplots(1, 2)
+    grouped_bars(a1, names, [("short p90", [(r.short_p90_ms or 0) / 1e3 for r in runs])])
+    a1.plot(range(len(runs)), [(r.short_p50_ms or 0) / 1e3 for r in runs], "ko", label="short p50")
     a1.axhline(args.slo_ttft_ms / 1e3, color="tab:red", ls="--", label="TTFT SLO")
-    a1.set_xticks(list(xs), names)
     a1.set_ylabel("TTFT (s)")
     a1.set_title("short-prompt TTFT")
-    a1.legend(fontsize=8)
-    w = 0.27
-    for k, (label, attr) in enumerate((("all", "att_overall"), ("short", "att_short"),
-                                       ("long", "att_long"))):
-        vals = [100 * (getattr(r, attr) or 0) for r in runs]
-        a2.bar([x + (k - 1) * w for x in xs], vals, w, label=label)
-    a2.set_xticks(list(xs), names)
+    grouped_bars(a2, names, [(label, [100 * (getattr(r, attr) or 0) for r in runs])
+                             for label, attr in (("all", "att_overall"), ("short", "att_short"),
+                                                 ("long", "att_long"))])
     a2.set_ylim(0, 105)
     a2.set_ylabel("TTFT SLO attainment (%)")
     a2.set_title("attainment per class")
-    a2.legend(fontsize=8)
+    for ax in (a1, a2):
+        ax.legend(fontsize=8)
     fig.suptitle(f"prefill policies, CPU engine, SmolLM2-135M shape (dummy weights): "
                  f"{args.rate} req/s, SLO {args.slo_ttft_ms:.0f} ms, mix {args.length_mix}",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

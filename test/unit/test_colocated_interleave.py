@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from sglang_pd.core.page_allocator import CountingAllocator
+from sglang_pd.core.scheduled_step import ScheduledStep
 from sglang_pd.core.scheduler import Scheduler
-from sglang_pd.core.step import ForwardMode
-from sglang_pd.scheduling.colocated import MIN_TOKENS, PREFILL_SHARE, ColocatedInterleave
+from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
+from sglang_pd.scheduling.colocated import MIN_TOKENS, NO_SLO_TARGET_S, PREFILL_SHARE, ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
@@ -20,12 +21,9 @@ from sglang_pd.sim.request import SimReq
 COEFFS = PrefillCoeffs(launch_s=2e-3, per_req_s=1e-4, a=1e-9, b=2e-4, g_w=0.0, g_r=1e-8)
 
 
-def decode_s(n: int) -> float:
-    return 0.01 + 5e-4 * n
-
-
-def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None):
+def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None, decode_base_s: float = 0.01):
     """Four short requests decoding, then a burst of twelve 3K prompts and more shorts.
+    A decode step takes ``decode_base_s`` + 0.5 ms per request.
     Returns the steps as (mode, start, duration, prefill seconds, running before the step)."""
     cfg = PolicyConfig(chunked_prefill_size=512, max_prefill_tokens=2048, page_size=16,
                        enable_mixed_chunk=mixed, slo_tpot_ms=slo_tpot_ms,
@@ -56,7 +54,7 @@ def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = No
         pre = model.step_s((n, r.kv_len) for r, n in step.prefill_plan) if step.prefill_plan else 0.0
         if step.mode is ForwardMode.MIXED:
             pre -= COEFFS.launch_s  # one forward: the decode part pays the launch
-        dur = pre + (decode_s(step.num_decode) if step.num_decode else 0.0)
+        dur = pre + (decode_base_s + 5e-4 * step.num_decode if step.num_decode else 0.0)
         steps.append((step.mode, now, dur, pre, running))
         sched.observe(step.profile(total_s=dur), dur, now + dur)
         now += dur
@@ -77,15 +75,19 @@ def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = No
     raise AssertionError("not finished")
 
 
+@pytest.mark.parametrize("decode_base_s", [0.01, 0.04])
 @pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("decode", ["continuous", "slack+"])
 @pytest.mark.parametrize("prefill", ["fcfs", "kairos+", "dual"])
-def test_prefill_never_delays_a_decode_by_more_than_the_budget(prefill: str, decode: str, mixed: bool) -> None:
-    """With decodes running, the prefill time between two decode steps is at most B = 1.5x the
-    decode step time (no TPOT SLO set), plus one per-request overhead per extra request in the
-    step; every request finishes."""
-    steps, reqs = drive(prefill, decode, mixed)
+def test_prefill_never_delays_a_decode_by_more_than_the_budget(prefill: str, decode: str, mixed: bool,
+                                                               decode_base_s: float) -> None:
+    """With decodes running, the prefill time between two decode steps is at most B (no TPOT
+    SLO set): 1.5x the decode step time where decode steps take ~40 ms, 50 ms less the decode
+    step where they take ~10 ms; plus one per-request overhead per extra request in the step;
+    every request finishes."""
+    steps, reqs = drive(prefill, decode, mixed, decode_base_s=decode_base_s)
     assert all(r.finish_time is not None for r in reqs)
+    min_decode = min(dur for mode, _, dur, _, _ in steps if mode is ForwardMode.DECODE)
     max_decode = 0.0
     waited = 0.0  # prefill seconds since the last step that decoded
     n_prefill_with_decodes = 0
@@ -98,7 +100,8 @@ def test_prefill_never_delays_a_decode_by_more_than_the_budget(prefill: str, dec
             continue
         n_prefill_with_decodes += 1
         waited += pre
-        bound = PREFILL_SHARE * max_decode + 8 * (COEFFS.per_req_s + COEFFS.g_r * 3072)
+        b = max(PREFILL_SHARE * max_decode, NO_SLO_TARGET_S - min_decode)
+        bound = b + 8 * (COEFFS.per_req_s + COEFFS.g_r * 3072)
         assert waited <= max(bound, COEFFS.launch_s + 3 * MIN_TOKENS * COEFFS.b), (mode, waited, bound)
         if mode is ForwardMode.MIXED:
             waited = 0.0  # the decodes rode along
@@ -121,6 +124,10 @@ def test_the_tpot_slo_is_the_step_target() -> None:
 def test_budget_rule() -> None:
     cfg = PolicyConfig(chunked_prefill_size=512)
     lace = ColocatedInterleave(cfg, PrefillCostModel.fixed(COEFFS))
+    lace.decode_s = 0.1  # a CPU's decode step: 1.5 of them
+    assert lace.budget_s() == pytest.approx(0.15)
+    lace.decode_s = 0.004  # a GPU's: 50 ms less the decode step, not 6 ms
+    assert lace.budget_s() == pytest.approx(0.046)
     lace.decode_s = 0.02
     assert lace.budget_s() == pytest.approx(0.03)
     n = lace.prefill_tokens(0, 512)
@@ -140,13 +147,77 @@ def test_budget_rule() -> None:
     assert not mixed.decode_turn(True)
 
 
-def test_measured_token_rate_caps_a_prior_that_is_far_off() -> None:
+def test_measured_ratio_caps_a_prior_that_is_far_off() -> None:
     """The cost model's prior says 25K tokens/s (a GPU); the CPU does 200. After one measured
-    prefill step the cap follows the measured rate, not the prior's 512-token chunks."""
-    from sglang_pd.core.step import StepProfile, StepShape
+    prefill step the cap follows the measured/predicted ratio (99x), not the prior's 512-token
+    chunks: the prior's launch alone, scaled, is over B, so the step gets the floor."""
     lace = ColocatedInterleave(PolicyConfig(chunked_prefill_size=512))  # the default prior
     lace.decode_s = 0.2
     assert lace.prefill_tokens(0, 512) == 512  # the prior: 300 ms buys every token
     step = StepProfile(ForwardMode.EXTEND, 1, 500, 0, 0, StepShape(1, 500), total_s=2.5)
     lace.observe(step, 2.5)
-    assert lace.prefill_tokens(0, 512) == 59  # 300 ms less the launch, at 5 ms per token
+    assert lace.scale == pytest.approx(2.5 / lace.model.step_s([(500, 0)]))
+    assert lace.prefill_tokens(0, 512) == MIN_TOKENS
+
+
+def test_measured_ratio_is_not_a_long_contexts_token_rate() -> None:
+    """A step over 500K tokens of context costs ~25x a short one per token; measuring it (on a
+    machine 2x slower than the prior) must not hold a short prompt's chunk to its per-token
+    rate (the Medha scenario's regression): the short one's cap is B at 2x its own cost."""
+    prior = PrefillCoeffs(launch_s=1e-3, per_req_s=0.0, a=0.0, b=1e-5, g_w=0.0, g_r=5e-7)
+    lace = ColocatedInterleave(PolicyConfig(chunked_prefill_size=4096), PrefillCostModel(prior))
+    lace.decode_s = 0.02  # B = 30 ms
+    long_step = StepProfile(ForwardMode.EXTEND, 1, 125, 500_000, 500_000, StepShape(1, 125))
+    truth = 2 * PrefillCostModel.fixed(prior).step_s([(125, 500_000)])
+    lace.observe(long_step, truth)
+    assert lace.scale == pytest.approx(2.0)
+    b = lace.budget_s() - 2 * prior.launch_s
+    assert abs(lace.prefill_tokens(0, 4096) - b / (2 * prior.b)) <= 1  # 1,400: at its own cost
+    assert lace.prefill_tokens(0, 4096) > 10 * int(b / (truth / 125))  # the old per-token rule: 7
+
+
+def next_step(sched: Scheduler, now: float) -> ScheduledStep:
+    """The next step, past a policy's holds (AWD's batching window under dual queues)."""
+    for _ in range(10):
+        step = sched.schedule(now)
+        if step is not None:
+            return step
+        assert sched.hold_deadline is not None
+        now = sched.hold_deadline
+    raise AssertionError("no step")
+
+
+@pytest.mark.parametrize("prefill", ["edf", "sjf", "kairos+", "dual"])
+def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(prefill: str) -> None:
+    """Issue 28 (the Medha scenario's regression): with decodes running and a 262K-token
+    partial prefill waiting, a short prompt the policy ranks first gets the chunk B buys at ITS
+    context (139 tokens here), not the 32-token floor that is all B buys at the long one's
+    context (the old step-wide cap); the whole step stays within B."""
+    coeffs = PrefillCoeffs(launch_s=2e-3, per_req_s=0.0, a=1e-8, b=2e-4, g_w=0.0, g_r=1e-8)
+    model = PrefillCostModel.fixed(coeffs)
+    cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16,
+                       slo_ttft_ms=2000.0, prefill_queues="dual" if prefill == "dual" else "single")
+    policy = create_prefill_policy("fcfs" if prefill == "dual" else prefill, cfg)
+    policy.use_cost_model(model)
+    sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
+    lace = sched.interleave
+    assert lace is not None
+    lace.model = model
+    d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
+    sched.add(d0)
+    step = next_step(sched, 0.0)
+    sched.after_extend(step.prefill_plan)
+    assert d0 in sched.running  # decodes run from now on: the interleave applies
+    long = SimReq("L", 0.0, 600_000, output_len=4, slo_ttft_s=600.0, kv_len=262_144)
+    long.pages = sched.allocator.alloc(262_144 // 16)  # partly prefilled, holding its pages
+    short = SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0)
+    sched.add(long)
+    sched.add(short)
+    sched.check_integrity()
+    step = next_step(sched, 0.01)
+    assert step.mode is ForwardMode.EXTEND
+    got = {r.rid: n for r, n in step.prefill_plan}
+    assert lace.prefill_tokens(long.kv_len, 200) == MIN_TOKENS  # all B buys at the long one's context
+    assert got["s"] == lace.prefill_tokens(0, 200) == 139  # B at its own context
+    spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
+    assert spent <= lace.budget_s() - coeffs.launch_s  # the whole step within B

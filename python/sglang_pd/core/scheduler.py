@@ -56,8 +56,8 @@ class Scheduler(PoolPressure):
         if self.waiting:
             started = [r for r in self.waiting if r.pages]
             tokens, chunk = self.max_prefill_tokens, self.chunk_size
-            if lace is not None:
-                cap = lace.prefill_tokens(max((r.kv_len for r in started), default=0), chunk)
+            if lace is not None:  # each request's chunk is sized at its own context (step_time)
+                cap = lace.prefill_tokens(0, chunk)
                 tokens, chunk = min(tokens, cap), min(chunk, cap)
             kv = PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
                                whole_prompt=self.whole_prompt_pages,
@@ -70,6 +70,7 @@ class Scheduler(PoolPressure):
                 kv=kv,  # type: ignore[arg-type]  # (takes SchedulerReqs: the only kind granted here)
                 rider_contexts=[r.kv_len for r in self.running] if self.cfg.enable_mixed_chunk else (),
                 role=self.prefill_role,
+                step_time=lace.allowance() if lace is not None else None,
             )
             plan = list(self.prefill_policy.schedule(self.waiting, now, budget))
             if plan:

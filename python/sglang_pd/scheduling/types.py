@@ -58,6 +58,17 @@ class KVAdmission(Protocol):
     def admit(self, req: SchedReq, new_tokens: int) -> None: ...
 
 
+class StepTime(Protocol):
+    """A step's prefill time allowance, spent request by request (the colocated interleave's,
+    ``scheduling/colocated.py``): ``fit`` sizes a request's chunk by the time left at that
+    request's own context (a chunk over a long context costs more per token), ``spend`` books
+    a grant. Short prompts beside a long partly prefilled one are not held to its chunk size."""
+
+    def fit(self, req: SchedReq, want: int) -> int: ...  # most of ``want`` tokens that fit (0: none)
+    def spend(self, req: SchedReq, n: int) -> None: ...
+    def spent(self) -> bool: ...  # nothing more fits this step (no request can take a token)
+
+
 @dataclass
 class PrefillBudget:
     """One step's prefill allowance. ``grant`` is the only way to spend it."""
@@ -76,6 +87,9 @@ class PrefillBudget:
     # this instance's prefill role (``Scheduler.prefill_role``, request_class.PREFILL_ROLES):
     # which class it serves first; scheduler state, read by policies that honour roles
     role: str = "both"
+    # colocated servers with running decodes: the step's prefill time allowance (``StepTime``);
+    # every grant is sized by it at the request's own context. None: tokens only
+    step_time: StepTime | None = None
 
     def hold_until(self, t: float) -> None:
         """Ask the engine not to run prefill before ``t`` (seconds, the ``now`` clock) unless
@@ -86,23 +100,31 @@ class PrefillBudget:
         """Give ``req`` as many tokens as the budget allows (0 = none); record the grant."""
         want = req.prefill_remaining if max_tokens is None else min(max_tokens, req.prefill_remaining)
         n = min(want, self.token_budget, self.chunk_size)
+        if n > 0 and self.step_time is not None:
+            n = self.step_time.fit(req, n)
         starting = req.prefilled_len <= req.cached_len  # prefix hits are not a start
         if n <= 0 or (starting and self.new_req_slots <= 0) or not self.kv.can_admit(req, n):
             return 0
         self.kv.admit(req, n)
+        if self.step_time is not None:
+            self.step_time.spend(req, n)
         self.token_budget -= n
         self.new_req_slots -= int(starting)
         self.granted.append((req, n))
         return n
 
-    def grant_run(self, reqs: Sequence[SchedReq], ns: Sequence[int], starting: Sequence[bool]) -> int:
+    def grant_run(self, reqs: Sequence[SchedReq], ns: list[int], starting: Sequence[bool]) -> int:
         """``grant`` of ``ns[j]`` tokens to ``reqs[j]`` for j in order, where the caller has
         already worked out from the queue's numbers what ``grant`` would give each one, in turn
         (``ns[j] > 0`` within the token budget and chunk cap left at its turn, a slot for each
         starting one: ``starting[j]``). Only KV admission is left to ask, request by request
         as ``grant`` does; stops at the first refusal. Returns how many were granted: the same
         outcome as those calls to ``grant`` without re-reading each request's lengths
-        (issue 20: decision time)."""
+        (issue 20: decision time). With a ``step_time`` each request is sized by it as ``grant``
+        does: the first one cut by it is granted what fits, ``ns`` lowered in place to that, and
+        the run ends there (the step's time is spent)."""
+        if self.step_time is not None:
+            return self._grant_run_timed(reqs, ns)
         admit_run = getattr(self.kv, "admit_run", None)
         if admit_run is not None:
             k: int = admit_run(reqs, ns)
@@ -118,6 +140,18 @@ class PrefillBudget:
             self.token_budget -= sum(ns[:k])
             self.new_req_slots -= sum(starting[:k])
             self.granted.extend(zip(reqs[:k], ns[:k]))
+        return k
+
+    def _grant_run_timed(self, reqs: Sequence[SchedReq], ns: list[int]) -> int:
+        k = 0
+        for r, n in zip(reqs, list(ns)):
+            got = self.grant(r, n)  # sized by the time left (never more than n: n fits the budget)
+            if got == 0:
+                break
+            ns[k] = got
+            k += 1
+            if got < n:
+                break
         return k
 
 

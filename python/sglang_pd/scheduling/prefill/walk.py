@@ -3,6 +3,12 @@ rules are in ``common.py``'s module docstring). Without a per-request constraint
 from the queue's numbers (``plan.py``, array code) and only KV admission is asked here; with
 ``fits`` or a time-budget chunker the walk asks them request by request
 (``_walk_one_by_one``). test_waiting_columns.py checks both against a one-by-one walk.
+With a step-time allowance (``budget.step_time``: the colocated interleave while decodes run)
+every request's chunk is sized by the time left at its own context: the plan from the numbers
+is granted request by request through it (``_grant_timed``), and the first request it cuts
+ends the step, as a cut by the token budget does; the one-by-one walk skips a request that
+fits nothing (a long context where not one token fits the time left: a shorter one behind
+it may still fit).
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ def walk(q: Queue[R], order: Order | Sequence[int] | np.ndarray, budget: Prefill
     if not isinstance(order, Order):
         order = Order.of(order)
     if fits is None and chunker is None:
-        return grant_plan(q, budget, *plan_numbers(q, order, budget, max_partial, cut))
+        pos, ns = plan_numbers(q, order, budget, max_partial, cut)
+        if budget.step_time is not None:
+            return _grant_timed(q, budget, pos, ns, max_partial)
+        return grant_plan(q, budget, pos, ns)
     return _walk_one_by_one(q, order, budget, max_partial, fits, chunker)
 
 
@@ -47,6 +56,29 @@ def grant_plan(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarr
     start = len(budget.granted)
     budget.grant_run(reqs, tokens, q.fresh[pos].tolist())
     return cast("list[tuple[R, int]]", budget.granted[start:])  # what grant_run recorded: the grants
+
+
+def _grant_timed(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarray,
+                 max_partial: int) -> list[tuple[R, int]]:
+    """``grant_plan`` under a step-time allowance: each planned request gets what fits the time
+    left at its own context (at most its planned tokens); the first one cut ends the step, and
+    a fresh one the cut would leave partly prefilled is left out while ``max_partial`` are."""
+    st = budget.step_time
+    assert st is not None
+    plan: list[tuple[R, int]] = []
+    partial = q.n_started
+    for req, n, rem, fresh in zip(q.pick(pos), ns.tolist(), q.rem[pos].tolist(), q.fresh[pos].tolist()):
+        m = st.fit(req, n)
+        if m <= 0 or (fresh and m < rem and n == rem and partial >= max_partial):
+            break
+        got = budget.grant(req, m)
+        if got == 0:
+            break  # KV refusal (or no slot): no backfilling past it
+        plan.append((req, got))
+        partial += int(fresh and got < rem)
+        if got < n:
+            break
+    return plan
 
 
 def _walk_one_by_one(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
@@ -84,6 +116,13 @@ def _walk_one_by_one(q: Queue[R], order: Order, budget: PrefillBudget, max_parti
                 if fresh and cap < rem and partial >= max_partial:
                     continue
                 n_want = cap
+            if budget.step_time is not None:  # the colocated interleave's time left, at req's context
+                if budget.step_time.spent():
+                    return plan
+                timed = budget.step_time.fit(req, n_want)
+                if timed == 0 or (fresh and timed < rem and partial >= max_partial):
+                    continue  # fits nothing here; a request over a shorter context may
+                cap = n_want = timed
             if fits is not None:
                 ok = fits(req, n_want)
                 if not ok:
