@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'long n':>6} {'p50 s':>7} {'p90 s':>7} {'errors':>6} {'wall s':>7}")
     for r in runs:
         s, lg = r["short"], r["long"]
-        print(f"{r['policy']:>13} {r['hit_rate']:>9.1%} {str(r['requests_per_prefill']):>12} {s['n']:>7} "
+        print(f"{r['policy']:>13} {r['hit_rate']:>9.1%} {r['requests_per_prefill']!s:>12} {s['n']:>7} "
               f"{fmt(s['ttft_p50_s']):>7} {fmt(s['ttft_p90_s']):>7} {lg['n']:>6} {fmt(lg['ttft_p50_s']):>7} "
               f"{fmt(lg['ttft_p90_s']):>7} {len(r['errors']):>6} {r['wall_s']:>7.1f}")
     for r in runs:

@@ -188,7 +188,8 @@ class RouterService:
         ttft_ms = slo.get("ttft_ms")
         route_req = RouteRequest(prompt_len, 0, ttft_ms / 1000 if isinstance(
             ttft_ms, (int, float)) and math.isfinite(ttft_ms) else None, cls)
-        if self.prefill_policy.reads_prefix_blocks:  # cache_aware's prefix index needs the prompt
+        if self.prefill_policy.reads_prefix_blocks or self.decode_policy.reads_prefix_blocks:
+            # cache_aware's prefix index (prefill or decode) needs the prompt
             route_req.prefix_blocks = request_prefix_blocks(body)
         stream = body.get("stream") is True
         try:
