@@ -17,6 +17,11 @@ Per run: the hit rate over both prefills (``sglang:cached_tokens_total`` /
 ``sglang:prompt_tokens_total`` deltas of their /metrics), requests per prefill, TTFT p50/p90 of
 short and long prompts (the router's class boundary, ``--short-threshold``), errors. ``--quick``
 is a smoke (2 layers, 2 conversations of 2 turns); ``--out`` writes the JSON result.
+
+Decode steering (``--decodes 2 --decode-reuse``, runs named ``PREFILL/DECODE`` in ``--order``,
+e.g. ``cache_aware/power_of_two,cache_aware/cache_aware``): the decodes keep finished requests'
+KV (``--disaggregation-decode-enable-radix-cache``) and each run also reports the KV bytes the
+prefills sent and the bytes decode-side reuse spared them (their /get_load counters).
 """
 
 from __future__ import annotations
@@ -116,36 +121,56 @@ def pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def run_policy(policy: str, a: argparse.Namespace, prefills: list[tuple[str, int]], decode: str,
+def transfer_bytes(url: str) -> tuple[float, float]:
+    """(KV bytes sent, bytes decode-side reuse spared) by a prefill so far."""
+    load = httpx.get(url + "/get_load", timeout=30).json()
+    load = load[0] if isinstance(load, list) else load
+    return float(load.get("kv_transfer_bytes_total", 0)), float(load.get("kv_transfer_skipped_bytes_total", 0))
+
+
+def run_policy(run: str, a: argparse.Namespace, prefills: list[tuple[str, int]], decodes: list[str],
                convs: list[list[list[int]]], env: dict[str, str], log_dir: Path) -> dict:
-    for u in [p for p, _ in prefills] + [decode]:
+    policy, _, decode_policy = run.partition("/")
+    for u in [p for p, _ in prefills] + decodes:
         httpx.post(u + "/flush_cache", timeout=30)
     before = [counters(u) for u, _ in prefills]
+    before_d = [counters(u) for u in decodes]
+    xfer0 = [transfer_bytes(u) for u, _ in prefills]
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation", "--decode", decode,
+    cmd = [sys.executable, "-m", "sglang_pd_router", "--pd-disaggregation",
            "--host", "127.0.0.1", "--port", str(port), "--prefill-policy", policy,
            "--short-prefill-threshold", str(a.short_threshold), "--pool-controller", "off",
            "--log-level", "warning"]
     for u, boot in prefills:
         cmd += ["--prefill", u, str(boot)]
-    with open(log_dir / f"router_{policy}.log", "w") as log:
+    for u in decodes:
+        cmd += ["--decode", u]
+    if decode_policy:
+        cmd += ["--decode-policy", decode_policy]
+    name = run.replace("/", "+")
+    with open(log_dir / f"router_{name}.log", "w") as log:
         router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         if not wait_healthy(url, router, a.startup_timeout):
-            raise SystemExit(f"router ({policy}) did not start; see {log_dir}/router_{policy}.log")
+            raise SystemExit(f"router ({run}) did not start; see {log_dir}/router_{name}.log")
         t = time.monotonic()
         res = asyncio.run(replay(url, convs, a))
         wall = time.monotonic() - t
     finally:
         stop(router)
     after = [counters(u) for u, _ in prefills]
+    after_d = [counters(u) for u in decodes]
+    xfer = [(s1 - s0, k1 - k0) for (s0, k0), (s1, k1) in zip(xfer0, (transfer_bytes(u) for u, _ in prefills))]
     d = [{k: after[i].get(k, 0.0) - before[i].get(k, 0.0) for k in after[i]} for i in range(len(prefills))]
     prompt = sum(x.get("prompt_tokens", 0.0) for x in d)
     cached = sum(x.get("cached_tokens", 0.0) for x in d)
-    out: dict = {"policy": policy, "hit_rate": cached / prompt if prompt else 0.0,
+    out: dict = {"policy": run, "hit_rate": cached / prompt if prompt else 0.0,
                  "cached_tokens": cached, "prompt_tokens": prompt, "wall_s": wall,
                  "requests_per_prefill": [int(x.get("num_requests", 0)) for x in d],
+                 "requests_per_decode": [int(y.get("num_requests", 0) - x.get("num_requests", 0))
+                                         for x, y in zip(before_d, after_d)],
+                 "kv_bytes_sent": sum(x[0] for x in xfer), "kv_bytes_spared": sum(x[1] for x in xfer),
                  "requests": len(res), "errors": [e for _, _, e in res if e]}
     for cls, keep in (("short", lambda n: n <= a.short_threshold), ("long", lambda n: n > a.short_threshold)):
         ttft = [t for n, t, e in res if t is not None and keep(n)]
@@ -154,7 +179,7 @@ def run_policy(policy: str, a: argparse.Namespace, prefills: list[tuple[str, int
 
 
 def start_servers(a: argparse.Namespace, model: str, env: dict[str, str], log_dir: Path,
-                  procs: list[subprocess.Popen]) -> tuple[list[tuple[str, int]], str]:
+                  procs: list[subprocess.Popen]) -> tuple[list[tuple[str, int]], list[str]]:
     common = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", model, "--load-format", "dummy",
               "--skip-tokenizer-init", "--host", "127.0.0.1", "--page-size", "16",
               "--chunked-prefill-size", str(a.chunk), "--short-prefill-threshold", str(a.short_threshold),
@@ -168,15 +193,17 @@ def start_servers(a: argparse.Namespace, model: str, env: dict[str, str], log_di
                                           stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         prefills.append((f"http://127.0.0.1:{port}", boot))
         urls.append(prefills[-1][0])
-    port = free_port()
-    with open(log_dir / "decode.log", "w") as log:
-        procs.append(subprocess.Popen([*common, "--mode", "decode", "--port", str(port)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
-    urls.append(f"http://127.0.0.1:{port}")
+    reuse = ["--disaggregation-decode-enable-radix-cache"] if a.decode_reuse else []
+    for i in range(a.decodes):
+        port = free_port()
+        with open(log_dir / f"decode{i}.log", "w") as log:
+            procs.append(subprocess.Popen([*common, "--mode", "decode", "--port", str(port), *reuse],
+                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        urls.append(f"http://127.0.0.1:{port}")
     for u, p in zip(urls, procs):
         if not wait_healthy(u, p, a.startup_timeout):
             raise SystemExit(f"{u} did not start (rc={p.poll()}); logs in {log_dir}")
-    return prefills, urls[-1]
+    return prefills, urls[2:]
 
 
 def fmt(x: float | None) -> str:
@@ -200,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--vocab", type=int, default=VOCAB)
-    p.add_argument("--order", default=",".join(POLICIES), help="policies to run, in order")
+    p.add_argument("--order", default=",".join(POLICIES),
+                   help="runs in order: a prefill policy, or PREFILL/DECODE policies")
+    p.add_argument("--decodes", type=int, default=1, help="decode servers")
+    p.add_argument("--decode-reuse", action="store_true",
+                   help="decode servers keep finished requests' KV (decode-side reuse)")
     p.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: 2 layers)")
     p.add_argument("--startup-timeout", type=float, default=240.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
@@ -210,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.conversations, a.turns, a.stagger, a.think, a.max_new_tokens = 2, 2, 0.0, 0.0, 2
     order = [x.strip() for x in a.order.split(",") if x.strip()]
-    if not order or any(x not in POLICIES + ("round_robin", "power_of_two", "length_aware_spill") for x in order):
-        p.error(f"--order: policies of {POLICIES} (or round_robin, power_of_two, length_aware_spill)")
+    known = POLICIES + ("round_robin", "power_of_two", "length_aware_spill")
+    if not order or any(x not in known for o in order for x in o.split("/", 1)) or a.decodes < 1:
+        p.error(f"--order: PREFILL[/DECODE] policies of {known}; --decodes >= 1")
     env = dict(os.environ, OMP_NUM_THREADS="1", UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"),
                NIXL_LOG_LEVEL="WARN",
                PYTHONPATH=f"{REPO / 'python'}:{REPO / 'router'}:{os.environ.get('PYTHONPATH', '')}")
@@ -227,23 +259,30 @@ def main(argv: list[str] | None = None) -> int:
     convs = build_conversations(a)
     procs: list[subprocess.Popen] = []
     try:
-        prefills, decode = start_servers(a, model, env, log_dir, procs)
-        runs = [run_policy(pol, a, prefills, decode, convs, env, log_dir) for pol in order]
+        prefills, decodes = start_servers(a, model, env, log_dir, procs)
+        runs = [run_policy(run, a, prefills, decodes, convs, env, log_dir) for run in order]
     finally:
         for proc in reversed(procs):
             stop(proc)
     n = sum(len(c) for c in convs)
     toks = sum(len(t) for c in convs for t in c)
     print(f"{a.conversations} conversations x {a.turns} turns ({n} requests, {toks} prompt tokens), "
-          f"short <= {a.short_threshold} tokens; 2 prefill (role both) + 1 decode, "
+          f"short <= {a.short_threshold} tokens; 2 prefill (role both) + {a.decodes} decode"
+          f"{' (decode-side reuse on)' if a.decode_reuse else ''}, "
           f"SmolLM2-135M shape{' (2 layers)' if a.quick else ''}, dummy weights, CPU; logs in {log_dir}")
-    print(f"{'policy':>13} {'hit rate':>9} {'per prefill':>12} {'short n':>7} {'p50 s':>7} {'p90 s':>7} "
+    w = max(13, *(len(r["policy"]) for r in runs))
+    print(f"{'run':>{w}} {'hit rate':>9} {'per prefill':>12} {'short n':>7} {'p50 s':>7} {'p90 s':>7} "
           f"{'long n':>6} {'p50 s':>7} {'p90 s':>7} {'errors':>6} {'wall s':>7}")
     for r in runs:
         s, lg = r["short"], r["long"]
-        print(f"{r['policy']:>13} {r['hit_rate']:>9.1%} {r['requests_per_prefill']!s:>12} {s['n']:>7} "
+        print(f"{r['policy']:>{w}} {r['hit_rate']:>9.1%} {r['requests_per_prefill']!s:>12} {s['n']:>7} "
               f"{fmt(s['ttft_p50_s']):>7} {fmt(s['ttft_p90_s']):>7} {lg['n']:>6} {fmt(lg['ttft_p50_s']):>7} "
               f"{fmt(lg['ttft_p90_s']):>7} {len(r['errors']):>6} {r['wall_s']:>7.1f}")
+    if a.decodes > 1 or a.decode_reuse:
+        for r in runs:
+            sent, spared = r["kv_bytes_sent"], r["kv_bytes_spared"]
+            print(f"{r['policy']:>{w}}: requests per decode {r['requests_per_decode']}, KV sent {sent / 1e6:.1f} MB, "
+                  f"spared by decode reuse {spared / 1e6:.1f} MB ({spared / max(sent + spared, 1):.1%})")
     for r in runs:
         for e in r["errors"][:3]:
             print(f"  [{r['policy']}] {e}")
