@@ -171,10 +171,35 @@ def run_policy(run: str, a: argparse.Namespace, prefills: list[tuple[str, int]],
                  "requests_per_decode": [int(y.get("num_requests", 0) - x.get("num_requests", 0))
                                          for x, y in zip(before_d, after_d)],
                  "kv_bytes_sent": sum(x[0] for x in xfer), "kv_bytes_spared": sum(x[1] for x in xfer),
-                 "requests": len(res), "errors": [e for _, _, e in res if e]}
-    for cls, keep in (("short", lambda n: n <= a.short_threshold), ("long", lambda n: n > a.short_threshold)):
-        ttft = [t for n, t, e in res if t is not None and keep(n)]
+                 "requests": len(res), "errors": [e for _, _, e in res if e],
+                 "samples": [(n, t) for n, t, _ in res if t is not None]}
+    return with_classes(out, a.short_threshold)
+
+
+def with_classes(out: dict, threshold: int) -> dict:
+    """``out`` with short/long TTFT percentiles of its (prompt tokens, TTFT) samples."""
+    for cls, keep in (("short", lambda n: n <= threshold), ("long", lambda n: n > threshold)):
+        ttft = [t for n, t in out["samples"] if keep(n)]
         out[cls] = {"n": len(ttft), "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90)}
+    return out
+
+
+def pooled(runs: list[dict], threshold: int) -> list[dict]:
+    """Per policy, the runs of it together: hit rate over all their prompt tokens, TTFT
+    percentiles over all their requests (``--repeat``)."""
+    out = []
+    for name in dict.fromkeys(r["policy"] for r in runs):
+        rs = [r for r in runs if r["policy"] == name]
+        prompt, cached = sum(r["prompt_tokens"] for r in rs), sum(r["cached_tokens"] for r in rs)
+        out.append(with_classes({
+            "policy": name, "hit_rate": cached / prompt if prompt else 0.0, "cached_tokens": cached,
+            "prompt_tokens": prompt, "wall_s": sum(r["wall_s"] for r in rs),
+            "requests_per_prefill": [sum(x) for x in zip(*(r["requests_per_prefill"] for r in rs))],
+            "requests_per_decode": [sum(x) for x in zip(*(r["requests_per_decode"] for r in rs))],
+            "kv_bytes_sent": sum(r["kv_bytes_sent"] for r in rs),
+            "kv_bytes_spared": sum(r["kv_bytes_spared"] for r in rs),
+            "requests": sum(r["requests"] for r in rs), "errors": [e for r in rs for e in r["errors"]],
+            "samples": [x for r in rs for x in r["samples"]]}, threshold))
     return out
 
 
@@ -229,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=VOCAB)
     p.add_argument("--order", default=",".join(POLICIES),
                    help="runs in order: a prefill policy, or PREFILL/DECODE policies")
+    p.add_argument("--repeat", type=int, default=1, help="run the order this many times (alternately reversed)")
     p.add_argument("--decodes", type=int, default=1, help="decode servers")
     p.add_argument("--decode-reuse", action="store_true",
                    help="decode servers keep finished requests' KV (decode-side reuse)")
@@ -242,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         a.conversations, a.turns, a.stagger, a.think, a.max_new_tokens = 2, 2, 0.0, 0.0, 2
     order = [x.strip() for x in a.order.split(",") if x.strip()]
     known = POLICIES + ("round_robin", "power_of_two", "length_aware_spill")
-    if not order or any(x not in known for o in order for x in o.split("/", 1)) or a.decodes < 1:
+    if not order or any(x not in known for o in order for x in o.split("/", 1)) or a.decodes < 1 or a.repeat < 1:
         p.error(f"--order: PREFILL[/DECODE] policies of {known}; --decodes >= 1")
     env = dict(os.environ, OMP_NUM_THREADS="1", UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"),
                NIXL_LOG_LEVEL="WARN",
@@ -260,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     try:
         prefills, decodes = start_servers(a, model, env, log_dir, procs)
-        runs = [run_policy(run, a, prefills, decodes, convs, env, log_dir) for run in order]
+        # --repeat: the order, then reversed, alternately (ABBA...): drift of a shared machine
+        # falls on both policies alike
+        seq = [x for i in range(a.repeat) for x in (order if i % 2 == 0 else order[::-1])]
+        runs = [run_policy(run, a, prefills, decodes, convs, env, log_dir) for run in seq]
     finally:
         for proc in reversed(procs):
             stop(proc)
@@ -270,24 +299,26 @@ def main(argv: list[str] | None = None) -> int:
           f"short <= {a.short_threshold} tokens; 2 prefill (role both) + {a.decodes} decode"
           f"{' (decode-side reuse on)' if a.decode_reuse else ''}, "
           f"SmolLM2-135M shape{' (2 layers)' if a.quick else ''}, dummy weights, CPU; logs in {log_dir}")
-    w = max(13, *(len(r["policy"]) for r in runs))
+    pool = pooled(runs, a.short_threshold) if a.repeat > 1 else []
+    w = max(13, *(len(r["policy"]) for r in runs)) + (9 if pool else 0)
     print(f"{'run':>{w}} {'hit rate':>9} {'per prefill':>12} {'short n':>7} {'p50 s':>7} {'p90 s':>7} "
           f"{'long n':>6} {'p50 s':>7} {'p90 s':>7} {'errors':>6} {'wall s':>7}")
-    for r in runs:
+    rows = [(r["policy"], r) for r in runs] + [(f"{r['policy']} (pooled)", r) for r in pool]
+    for name, r in rows:
         s, lg = r["short"], r["long"]
-        print(f"{r['policy']:>{w}} {r['hit_rate']:>9.1%} {r['requests_per_prefill']!s:>12} {s['n']:>7} "
+        print(f"{name:>{w}} {r['hit_rate']:>9.1%} {r['requests_per_prefill']!s:>12} {s['n']:>7} "
               f"{fmt(s['ttft_p50_s']):>7} {fmt(s['ttft_p90_s']):>7} {lg['n']:>6} {fmt(lg['ttft_p50_s']):>7} "
               f"{fmt(lg['ttft_p90_s']):>7} {len(r['errors']):>6} {r['wall_s']:>7.1f}")
     if a.decodes > 1 or a.decode_reuse:
-        for r in runs:
+        for name, r in rows:
             sent, spared = r["kv_bytes_sent"], r["kv_bytes_spared"]
-            print(f"{r['policy']:>{w}}: requests per decode {r['requests_per_decode']}, KV sent {sent / 1e6:.1f} MB, "
+            print(f"{name:>{w}}: requests per decode {r['requests_per_decode']}, KV sent {sent / 1e6:.1f} MB, "
                   f"spared by decode reuse {spared / 1e6:.1f} MB ({spared / max(sent + spared, 1):.1%})")
     for r in runs:
         for e in r["errors"][:3]:
             print(f"  [{r['policy']}] {e}")
     if a.out:
-        a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "runs": runs}, indent=1))
+        a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "runs": runs, "pooled": pool}, indent=1))
     return 0 if all(not r["errors"] and r["requests"] == n for r in runs) else 1
 
 
