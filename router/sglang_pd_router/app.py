@@ -52,7 +52,8 @@ class RouterService:
         self.prefill_policy = create_routing_policy(
             cfg.prefill_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
         self.decode_policy = create_routing_policy(
-            cfg.decode_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
+            cfg.decode_policy, RoutingConfig(short_prefill_threshold=threshold,
+                                             decode_reuse_slack=cfg.decode_reuse_slack), cfg.seed)
         self.guard = Guard(cfg.api_key, cfg.admin_api_key, cfg.metrics_api_key,
                            cfg.body_timeout_s)
         key = cfg.key_for_workers

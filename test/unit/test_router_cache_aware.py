@@ -202,3 +202,18 @@ async def test_router_fills_prefix_blocks_for_a_decode_only_cache_aware_policy()
         pol = c.service.decode_policy
         assert isinstance(pol, CacheAwarePolicy)
         assert sum(len(ix) for ix in pol.indexes.values()) == 100 // ID_BLOCK
+
+
+def test_decode_reuse_slack_flag_reaches_the_decode_policy() -> None:
+    from sglang_pd_router.app import RouterService
+    from sglang_pd_router.cli import build_parser, config_from_args
+
+    def cfg(*extra: str):
+        return config_from_args(build_parser().parse_args(
+            ["--prefill", "http://p:1", "--decode", "http://d:2", "--decode-policy", "cache_aware", *extra]))
+
+    assert cfg().decode_reuse_slack == 2
+    service = RouterService(cfg("--decode-reuse-slack", "5"))
+    assert service.decode_policy.cfg.decode_reuse_slack == 5
+    with pytest.raises(ValueError, match="decode_reuse_slack"):
+        cfg("--decode-reuse-slack", "-1")
