@@ -52,7 +52,8 @@ class RouterService:
         self.prefill_policy = create_routing_policy(
             cfg.prefill_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
         self.decode_policy = create_routing_policy(
-            cfg.decode_policy, RoutingConfig(short_prefill_threshold=threshold), cfg.seed)
+            cfg.decode_policy, RoutingConfig(short_prefill_threshold=threshold,
+                                             decode_reuse_slack=cfg.decode_reuse_slack), cfg.seed)
         self.guard = Guard(cfg.api_key, cfg.admin_api_key, cfg.metrics_api_key,
                            cfg.body_timeout_s)
         key = cfg.key_for_workers
@@ -186,7 +187,8 @@ class RouterService:
         slo_ = body.get("slo")
         slo: dict[str, Any] = slo_ if isinstance(slo_, dict) else {}
         route_req = RouteRequest(prompt_len, 0, slo_ms_to_s(slo.get("ttft_ms")), cls)
-        if self.prefill_policy.reads_prefix_blocks:  # cache_aware's prefix index needs the prompt
+        if self.prefill_policy.reads_prefix_blocks or self.decode_policy.reads_prefix_blocks:
+            # cache_aware's prefix index (prefill or decode) needs the prompt
             route_req.prefix_blocks = request_prefix_blocks(body)
         stream = body.get("stream") is True
         try:

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--short-prefill-threshold", type=int, default=None,
                    help="prompts of at most this many tokens are short (default: the workers' "
                         f"--short-prefill-threshold from /get_server_info, else {SHORT_PREFILL_THRESHOLD})")
+    p.add_argument("--decode-reuse-slack", type=int, default=2,
+                   help="--decode-policy cache_aware: a follow-up goes to the decode holding its "
+                        "history while that decode holds at most this many requests more than "
+                        "the least loaded one")
     p.add_argument("--pool-controller", choices=("on", "off"), default="on",
                    help="PLA-Serve's instance-pressure controller moving prefill workers "
                         "between the short and long pools")
@@ -195,6 +199,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_migrations=0 if args.disable_migration else args.max_migrations,
         tokenizer_path=args.tokenizer_path,
         short_prefill_threshold=args.short_prefill_threshold,
+        decode_reuse_slack=args.decode_reuse_slack,
         pool_controller=args.pool_controller == "on", controller=controller,
         drain_timeout_s=args.drain_timeout_s,
         conditional=ConditionalConfig(

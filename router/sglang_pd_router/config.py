@@ -32,6 +32,7 @@ class RouterConfig:
     worker_api_key: str | None = None  # sent to workers as Bearer (defaults to api_key)
     tokenizer_path: str | None = None
     short_prefill_threshold: int | None = None  # None: the workers' (else request_class.SHORT_PREFILL_THRESHOLD)
+    decode_reuse_slack: int = 2  # RoutingConfig.decode_reuse_slack (cache_aware decode picks)
     pool_controller: bool = True
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     drain_timeout_s: float = 60.0
@@ -83,7 +84,7 @@ class RouterConfig:
                      "health_failure_threshold", "health_success_threshold"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_size", "max_retries", "max_migrations"):
+        for name in ("queue_size", "max_retries", "max_migrations", "decode_reuse_slack"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.queue_order not in ("fifo", "edf"):

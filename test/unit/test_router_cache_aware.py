@@ -1,13 +1,17 @@
 """The cache-aware routing policy (router policies/cache_aware.py): pure, per-worker approximate
 prefix index of what it routed; cost = length_aware's predicted queue time net of the expected
 hit. Multi-turn replay over two prefill workers with a simple queue model: a higher hit rate
-than length_aware alone."""
+than length_aware alone. On a decode list: a follow-up steered to the decode holding its history
+within the load slack."""
 
 from __future__ import annotations
 
 import random
 
-from sglang_pd_router.policies import RouteRequest, WorkerView, create_routing_policy
+import pytest
+from router_helpers import router_cluster
+
+from sglang_pd_router.policies import RouteRequest, RoutingConfig, WorkerView, create_routing_policy
 from sglang_pd_router.policies.cache_aware import (
     ID_BLOCK,
     TEXT_BLOCK,
@@ -103,3 +107,113 @@ def _replay(policy_name: str, convs: int = 12, turns: int = 5, seed: int = 0) ->
 def test_multi_turn_replay_hit_rate_higher_than_length_aware() -> None:
     la, ca = _replay("length_aware"), _replay("cache_aware")
     assert ca > la + 0.08, (la, ca)  # 0.74 vs 0.62 with this seed
+
+
+# ---------------------------------------------------------------- decode steering (item 2)
+
+def _decodes(held: tuple[int, ...] = (0, 0), usage: tuple[float, ...] = (0.0, 0.0)) -> list[WorkerView]:
+    return [WorkerView(f"http://d{i}", "decode", num_running_reqs=h, token_usage=u)
+            for i, (h, u) in enumerate(zip(held, usage))]
+
+
+def test_follow_up_goes_to_the_decode_holding_its_history_within_the_load_slack() -> None:
+    pol = CacheAwarePolicy(RoutingConfig(decode_reuse_slack=2))
+    la = create_routing_policy("length_aware")
+    turn1 = list(range(800))
+    turn2 = turn1 + list(range(5000, 5300))
+    assert pol.select(_req(turn1), _decodes((3, 0)), 0.0) == 1  # no history anywhere: least loaded
+    assert pol.expected_hit(_req(turn2), _decodes()[1]) >= 700
+    assert pol.expected_hit(_req(turn2), _decodes()[0]) == 0
+    # decode 1 now holds 2 more requests than decode 0: length_aware balances, reuse wins
+    assert la.select(_req(turn2), _decodes((0, 2)), 0.0) == 0
+    assert pol.select(_req(turn2), _decodes((0, 2)), 0.0) == 1
+    # 3 more is past the slack: balance wins (and decode 0 now holds turn 3's prefix too)
+    turn3 = turn2 + list(range(7000, 7100))
+    assert pol.select(_req(turn3), _decodes((0, 3)), 0.0) == 0
+    # the longest history wins among those within the slack (turn 3 extends turn 2 on both)
+    assert pol.select(_req(turn3 + [1, 2, 3]), _decodes((1, 0)), 0.0) == 0
+    # slack 0: only the least loaded are candidates
+    strict = CacheAwarePolicy(RoutingConfig(decode_reuse_slack=0))
+    strict.select(_req(turn1), _decodes(), 0.0)
+    assert strict.select(_req(turn2), _decodes((1, 0)), 0.0) == 1
+    assert strict.select(_req(turn2), _decodes((0, 1)), 0.0) == 0
+
+
+def test_decode_steering_falls_back_to_length_aware_and_skips_unhealthy() -> None:
+    pol = CacheAwarePolicy()
+    la = create_routing_policy("length_aware")
+    for held, usage in (((2, 1), (0.0, 0.0)), ((1, 1), (0.5, 0.2))):
+        ws = _decodes(held, usage)
+        assert pol.select(RouteRequest(100), ws, 0.0) == la.select(RouteRequest(100), ws, 0.0) == 1
+    ids = list(range(400))
+    assert pol.select(_req(ids), _decodes(), 0.0) == 0
+    ws = _decodes()
+    ws[0].healthy = False  # the history's holder is down: the other one
+    assert pol.select(_req(ids + [9] * 40), ws, 0.0) == 1
+    ws[1].healthy = False
+    assert pol.select(_req(ids), ws, 0.0) is None
+
+
+def test_routing_config_refuses_a_bad_decode_reuse_slack() -> None:
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="decode_reuse_slack"):
+            RoutingConfig(decode_reuse_slack=bad)  # type: ignore[arg-type]
+
+
+def _decode_replay(policy_name: str, convs: int = 10, turns: int = 5, seed: int = 1) -> tuple[float, int]:
+    """Conversations interleaved over two decodes; a request stays on its decode for 3 more
+    arrivals. Returns (share of prompt tokens the chosen decode already held, the largest
+    difference in held requests seen at a pick)."""
+    rng = random.Random(seed)
+    pol = create_routing_policy(policy_name)
+    held_by: list[set[tuple[int, ...]]] = [set(), set()]
+    running: list[list[int]] = [[], []]  # arrivals at which each running request leaves
+    history = [[c * 1_000_000 + j for j in range(rng.randrange(100, 400))] for c in range(convs)]
+    reused = total = gap = 0
+    for n, (t, c) in enumerate((t, c) for t in range(turns) for c in rng.sample(range(convs), convs)):
+        running = [[e for e in r if e > n] for r in running]
+        prompt = history[c] + [c * 1_000_000 + 500_000 + t * 1000 + j for j in range(rng.randrange(20, 120))]
+        ws = _decodes((len(running[0]), len(running[1])))
+        gap = max(gap, abs(len(running[0]) - len(running[1])))
+        i = pol.select(_req(prompt), ws, 0.0)
+        assert i is not None
+        blocks = prefix_blocks(prompt)
+        k = 0
+        while k < len(blocks) and tuple(blocks[: k + 1]) in held_by[i]:
+            k += 1
+        reused, total = reused + k * ID_BLOCK, total + len(prompt)
+        held_by[i].update(tuple(blocks[:m]) for m in range(1, len(blocks) + 1))
+        running[i].append(n + 3)
+        history[c] = prompt + [c * 1_000_000 + 900_000 + t * 100 + j for j in range(16)]
+    return reused / total, gap
+
+
+def test_decode_replay_reuses_more_than_length_aware_with_bounded_imbalance() -> None:
+    (la, _), (ca, ca_gap) = _decode_replay("length_aware"), _decode_replay("cache_aware")
+    assert ca > la + 0.12, (la, ca)  # 0.71 vs 0.52 with this seed
+    assert ca_gap <= RoutingConfig().decode_reuse_slack + 1, ca_gap
+
+
+async def test_router_fills_prefix_blocks_for_a_decode_only_cache_aware_policy() -> None:
+    async with router_cluster(1, 2, prefill_policy="length_aware", decode_policy="cache_aware") as c:
+        body = {"input_ids": list(range(100)), "sampling_params": {"max_new_tokens": 2}}
+        async with c.client.post(c.url + "/generate", json=body) as r:
+            assert r.status == 200, await r.text()
+        pol = c.service.decode_policy
+        assert isinstance(pol, CacheAwarePolicy)
+        assert sum(len(ix) for ix in pol.indexes.values()) == 100 // ID_BLOCK
+
+
+def test_decode_reuse_slack_flag_reaches_the_decode_policy() -> None:
+    from sglang_pd_router.app import RouterService
+    from sglang_pd_router.cli import build_parser, config_from_args
+
+    def cfg(*extra: str):
+        return config_from_args(build_parser().parse_args(
+            ["--prefill", "http://p:1", "--decode", "http://d:2", "--decode-policy", "cache_aware", *extra]))
+
+    assert cfg().decode_reuse_slack == 2
+    service = RouterService(cfg("--decode-reuse-slack", "5"))
+    assert service.decode_policy.cfg.decode_reuse_slack == 5
+    with pytest.raises(ValueError, match="decode_reuse_slack"):
+        cfg("--decode-reuse-slack", "-1")

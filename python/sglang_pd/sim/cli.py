@@ -60,6 +60,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "this long, fails (DisaggEnvs)")
     c.add_argument("--prefix-cache-tokens", type=int, default=0,
                    help="prefix cache per prefill instance over hash_ids (512-token blocks); 0 = off")
+    c.add_argument("--decode-prefix-cache-tokens", type=int, default=0,
+                   help="decode-side reuse: a cache of finished requests' hash_ids per decode instance; "
+                        "a follow-up's held blocks are not transferred; 0 = off")
     _c = ControllerConfig()
     c.add_argument("--pool-controller", choices=("on", "off"), default="off",
                    help="the router's PoolController (PLA Alg. 2) moves prefill instances between the "
@@ -121,6 +124,7 @@ def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decod
                        prefill_policy=prefill_policy or a.prefill_policy, decode_policy=decode_policy or a.decode_policy,
                        router_prefill=a.router_prefill, router_decode=a.router_decode, routing=routing, cfg=cfg,
                        exact=a.exact if exact is None else exact, prefix_cache_tokens=a.prefix_cache_tokens,
+                       decode_prefix_cache_tokens=a.decode_prefix_cache_tokens,
                        num_reserved_decode_tokens=a.num_reserved_decode_tokens, link_gb_s=a.link_gb_s,
                        link_latency_ms=a.link_latency_ms, pd_timeout_s=a.pd_timeout_s,
                        slo_ttft_s_long=a.slo_ttft_ms_long / 1e3 if a.slo_ttft_ms_long else None,

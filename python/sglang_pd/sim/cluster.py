@@ -45,7 +45,8 @@ class Cluster:
         reserved = pages_for(spec.num_reserved_decode_tokens, spec.cfg.page_size)
 
         def make(i: int, role: str, prole: str = "both") -> Instance:
-            cache = PrefixCache(spec.prefix_cache_tokens) if spec.prefix_cache_tokens and role != "decode" else None
+            size = spec.decode_prefix_cache_tokens if role == "decode" else spec.prefix_cache_tokens
+            cache = PrefixCache(size) if size else None
             return Instance(i, role, _cfg_for(spec.cfg, role, prole), cost, spec.prefill_policy, spec.decode_policy,
                             spec.exact, cache, reserved)
 
@@ -156,6 +157,11 @@ class Cluster:
         for r in d.preallocate():
             t = r.track
             t.decode_ready = self.now
+            if d.prefix_cache is not None and t.hash_ids:
+                # decode-side reuse, matched when pages are reserved (as the engine): whole
+                # blocks below the one holding the last token, which always travels
+                full = (t.prompt_len - 1) // d.prefix_cache.block_tokens
+                t.reused_len = d.prefix_cache.match(t.hash_ids[:full], t.prompt_len)
             p = self.front[t.p_inst]
             assert t.preq is not None  # (a PD request: both sides' requests exist)
             if p.decode_reserved(t.preq):  # decode's Register: the prefill may schedule it now
@@ -167,8 +173,11 @@ class Cluster:
 
     def _start_transfer(self, t: Track) -> None:
         assert t.prefill_done is not None and t.decode_ready is not None  # (both sides ready)
-        done = self.transfer.done_at(t.prompt_len, t.last_chunk, t.first_chunk_done or t.prefill_done,
-                                     t.prefill_done, t.decode_ready)
+        # decode-side reuse: only the pages past what decode holds cross the link (the pages
+        # decode allocates stay the whole prompt's here: the cache sits beside its pool)
+        t.transfer_tokens = t.prompt_len - t.reused_len
+        done = self.transfer.done_at(t.transfer_tokens, min(t.last_chunk, t.transfer_tokens),
+                                     t.first_chunk_done or t.prefill_done, t.prefill_done, t.decode_ready)
         t.xfer_started = True
         self._push(done, XFER, t)
 
@@ -226,6 +235,8 @@ class Cluster:
         inst.in_flight -= 1
         t = r.track
         t.finish = self.now
+        if inst.role == "decode" and inst.prefix_cache is not None and t.hash_ids:
+            inst.prefix_cache.insert(t.hash_ids)  # a finished request's KV stays (decode reuse)
         self.num_finished += 1
         if self.on_finish is not None:
             self.on_finish(t)

@@ -26,6 +26,10 @@ class ClusterSpec:
     cfg: PolicyConfig = field(default_factory=PolicyConfig)
     exact: bool = False  # schedulers get the true prefill cost model
     prefix_cache_tokens: int = 0  # per prefill instance; 0 = off
+    # decode-side reuse (the engine's --disaggregation-decode-enable-radix-cache): per decode
+    # instance, a cache of finished requests' blocks; a follow-up's held leading blocks are not
+    # transferred again. 0 = off, as the engine's default
+    decode_prefix_cache_tokens: int = 0
     num_reserved_decode_tokens: int = 512
     link_gb_s: float = 25.0
     link_latency_ms: float = 1.0

@@ -48,6 +48,8 @@ class Track:
     decode_ready: float | None = None
     last_chunk: int = 0  # tokens of the last prefill chunk (streamed transfer tail)
     xfer_started: bool = False
+    reused_len: int = 0  # decode-side reuse: leading prompt tokens the decode already held
+    transfer_tokens: int = 0  # prompt tokens whose KV crossed the link (prompt - reused_len)
     first_token: float | None = None
     finish: float | None = None
     error: str = ""

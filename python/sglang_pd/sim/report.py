@@ -95,7 +95,10 @@ def run_info(res: SimResult, describe: str, qps: float | None, extra: dict[str, 
                                    "prefill_tokens": i.prefill_tokens, "decode_tokens": i.decode_tokens,
                                    "retractions": i.sched.num_retractions,
                                    "prefix_hit_rate": i.prefix_cache.hit_rate if i.prefix_cache else None}
-                          for i in res.instances}, **extra}
+                          for i in res.instances},
+            # PD: prompt tokens whose KV crossed the link, and those decode-side reuse spared
+            "kv_transfer_tokens": sum(t.transfer_tokens for t in res.tracks),
+            "decode_reused_tokens": sum(t.reused_len for t in res.tracks), **extra}
 
 
 def summary_record(m: BenchMetrics, info: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +118,9 @@ def format_run(m: BenchMetrics, info: dict[str, Any]) -> str:
         lines.append(f"  {name}: busy {100 * st['busy_frac']:.1f}%  steps {st['steps']}  prefill tok "
                      f"{st['prefill_tokens']}  decode tok {st['decode_tokens']}  retractions {st['retractions']}"
                      + (f"  prefix hits {100 * hit:.1f}%" if hit is not None else ""))
+    if info.get("decode_reused_tokens"):
+        lines.append(f"  KV transferred: {info['kv_transfer_tokens']} prompt tokens; decode-side reuse spared "
+                     f"{info['decode_reused_tokens']}")
     return "\n".join(lines)
 
 

@@ -49,6 +49,10 @@ class RoutingConfig:
     # Prefill throughput assumed for a worker whose own is not yet learned (tokens/s); only the
     # ratio between workers matters for least predicted queue time, so a rough prior is enough.
     default_prefill_tokens_per_s: float = 10000.0
+    # cache_aware on a decode list: a follow-up goes to the decode holding most of its history
+    # (decode-side reuse transfers only the rest) while that decode holds at most this many
+    # requests more than the least loaded one; past it, balance wins (policies/cache_aware.py)
+    decode_reuse_slack: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.short_prefill_threshold, bool) or not isinstance(
@@ -61,6 +65,9 @@ class RoutingConfig:
             raise ValueError(
                 f"short_prefill_threshold must be >= 1 token, got {self.short_prefill_threshold}"
             )
+        if isinstance(self.decode_reuse_slack, bool) or not isinstance(self.decode_reuse_slack, int) \
+                or self.decode_reuse_slack < 0:
+            raise ValueError(f"decode_reuse_slack must be an int >= 0, got {self.decode_reuse_slack!r}")
         if not self.default_prefill_tokens_per_s > 0:  # also refuses NaN
             raise ValueError(
                 "default_prefill_tokens_per_s must be > 0, "
@@ -106,10 +113,14 @@ def predicted_queue_s(worker: WorkerView, cfg: RoutingConfig, new_tokens: int = 
     return (worker.queued_prefill_tokens + new_tokens) / rate
 
 
+def decode_held(worker: WorkerView) -> int:
+    """Requests a decode worker holds: running there plus routed by us and not yet answered."""
+    return worker.in_flight + worker.num_running_reqs
+
+
 def load_key(worker: WorkerView, cfg: RoutingConfig) -> tuple[float, float, float]:
     """Smaller is less loaded. Prefill: predicted queue time first (tokens, not request counts,
     are what a prefill worker spends its time on). Decode: requests held, then KV usage."""
     if worker.kind == "prefill":
         return (predicted_queue_s(worker, cfg), float(worker.in_flight), worker.token_usage)
-    held = worker.in_flight + worker.num_running_reqs
-    return (float(held), worker.token_usage, float(worker.in_flight))
+    return (float(decode_held(worker)), worker.token_usage, float(worker.in_flight))

@@ -15,7 +15,16 @@ recomputation it would save. Ties: fewer in flight, a dedicated pool member, low
 
 Blocks: the router passes token ids in blocks of ``ID_BLOCK`` ids, or text in blocks of
 ``TEXT_BLOCK`` characters (``prefix_blocks``); the simulator passes Mooncake ``hash_ids`` (one
-block each). Decode picks are ``length_aware``'s (no prefix there yet).
+block each).
+
+On a decode list (``--decode-policy cache_aware``) the same index, one per decode worker, steers
+a follow-up to the decode that already holds its history: with decode-side reuse
+(``--disaggregation-decode-enable-radix-cache``, disaggregation/decode_reuse.py) that decode
+takes only the new pages over the wire. Reuse saves transfer, not decode compute, while load
+costs every request there time per output token, so load bounds it: among the decodes holding
+at most ``RoutingConfig.decode_reuse_slack`` requests more than the least loaded one, the one
+with the longest expected reuse, ties (no history anywhere included) by ``length_aware``'s decode
+key. Without decode-side reuse on the servers this buys nothing: keep ``length_aware`` there.
 """
 
 from __future__ import annotations
@@ -25,7 +34,15 @@ from typing import Any
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from .base import RouteRequest, RoutingConfig, WorkerView, predicted_queue_s, request_class_of
+from .base import (
+    RouteRequest,
+    RoutingConfig,
+    WorkerView,
+    decode_held,
+    load_key,
+    predicted_queue_s,
+    request_class_of,
+)
 from .length_aware import LengthAwarePolicy
 
 ID_BLOCK = 16  # token ids per block (a few KV pages)
@@ -105,6 +122,9 @@ class CacheAwarePolicy(LengthAwarePolicy):
         return req.prompt_len * index.match(hashes) // len(hashes)
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> int | None:
+        decode = [i for i, w in enumerate(workers) if w.healthy and w.kind == "decode"]
+        if decode and req.prefix_blocks:
+            return self._select_decode(req, workers, decode)
         prefill = [i for i, w in enumerate(workers) if w.healthy and w.kind == "prefill"]
         if not prefill or not req.prefix_blocks:
             return super().select(req, workers, now)
@@ -120,5 +140,15 @@ class CacheAwarePolicy(LengthAwarePolicy):
                     0 if w.prefill_role == cls else 1, i)
 
         best = min(pool, key=key)
+        self.indexes.setdefault(workers[best].url, PrefixIndex()).insert(hashes)
+        return best
+
+    def _select_decode(self, req: RouteRequest, workers: Sequence[WorkerView], decode: list[int]) -> int:
+        """The decode expected to reuse the most of the prompt, within the load slack."""
+        hashes = chain(req.prefix_blocks)
+        least = min(decode_held(workers[i]) for i in decode)
+        near = [i for i in decode if decode_held(workers[i]) <= least + self.cfg.decode_reuse_slack]
+        best = min(near, key=lambda i: (-self.expected_hit(req, workers[i], hashes),
+                                        load_key(workers[i], self.cfg), i))
         self.indexes.setdefault(workers[best].url, PrefixIndex()).insert(hashes)
         return best
