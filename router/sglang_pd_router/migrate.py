@@ -4,7 +4,8 @@ and the client's stream goes on without a gap or a duplicate (Dynamo does this; 
 routers do not).
 
 Scope: streamed ``/generate`` requests whose prompt is ``input_ids`` (the router can then extend
-the prompt exactly; a text prompt would need the server's tokenization). Our servers stream
+the prompt exactly; a text prompt would need the server's tokenization) and that have no stop
+strings (see ``Resume.for_request``). Our servers stream
 cumulative ``output_ids`` / ``text``: events of a resumed leg are rewritten to continue the
 first leg's (its ids and text are prefixed, token counts shifted). Until a migration happens,
 events are relayed verbatim; the stream is only split at event boundaries, so a client never
@@ -48,6 +49,12 @@ class Resume:
         ids = body.get("input_ids")
         if limit < 1 or not stream or path != "/generate" or not isinstance(ids, list) \
                 or not ids or not all(type(t) is int for t in ids):
+            return None
+        sp = body.get("sampling_params")
+        if isinstance(sp, dict) and sp.get("stop"):
+            # a stop string can span the splice (the new leg never sees the dead leg's text as
+            # output), and the server holds back a possible stop's prefix from the streamed
+            # text while its tokens are out: the spliced text would miss those characters
             return None
         return Resume(body, ids, limit)
 
@@ -105,6 +112,9 @@ class Resume:
                 meta["completion_tokens"] += k
             if isinstance(meta.get("prompt_tokens"), int):
                 meta["prompt_tokens"] -= k
+            finish = meta.get("finish_reason")  # {"type": "length", "length": tokens made}
+            if isinstance(finish, dict) and isinstance(finish.get("length"), int):
+                finish["length"] += k
             for key, earlier in self.base["meta"].items():
                 if isinstance(meta.get(key), list):
                     meta[key] = earlier + meta[key]
@@ -166,7 +176,9 @@ async def relay_with_migration(out: web.StreamResponse, resp: aiohttp.ClientResp
                                        f"{resume.limit} reached")
             return
         resume.migrations += 1
-        logger.warning("decode stream broke off (%s): migrating (%d of at most %d)", broke,
+        # the splice point (tokens the client already has) is what a parity failure needs
+        logger.warning("decode stream broke off (%s): migrating after %d streamed tokens "
+                       "(%d of at most %d)", broke, len(resume.base["output_ids"]),
                        resume.migrations, resume.limit)
         opened = await reopen(body, decode)
         if opened is None:
