@@ -59,7 +59,7 @@ class _Conn(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.status = 0
-        self.headers: dict[str, str] = {}
+        self.raw_headers: list[tuple[bytes, bytes]] = []  # decoded only when asked for
         self.head_done = False
         self.keep_alive = False
         self.complete = False
@@ -101,8 +101,8 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         if self.complete or self.error is not None:
             return
-        if self.head_done and "content-length" not in self.headers \
-                and "transfer-encoding" not in self.headers:
+        if self.head_done and not any(name.lower() in (b"content-length", b"transfer-encoding")
+                                      for name, _ in self.raw_headers):
             self.on_message_complete()  # a body delimited by the connection's end
             return
         self._fail(LegError("the worker closed the connection" + (f": {exc}" if exc else "")))
@@ -110,14 +110,15 @@ class _Conn(asyncio.Protocol):
     # ------------------------------------------------------------------ httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         limits = self.limits
+        size = self.head_size = self.head_size + len(name) + len(value) + 4
         if len(name) > limits.max_field_bytes or len(value) > limits.max_field_bytes:
             raise LegError(f"a response header over {limits.max_field_bytes} bytes")
-        if len(self.headers) >= limits.max_headers:
-            raise LegError(f"over {limits.max_headers} response headers")
-        self.head_size += len(name) + len(value) + 4
-        if self.head_size > limits.max_head_bytes:  # a whole head can come in one read
+        if size > limits.max_head_bytes:  # a whole head can come in one read
             raise LegError(f"response head over {limits.max_head_bytes} bytes")
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        headers = self.raw_headers
+        if len(headers) >= limits.max_headers:
+            raise LegError(f"over {limits.max_headers} response headers")
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -207,12 +208,22 @@ class LegResponse:
         self._conn = conn
         self._pool: _Pool | None = pool
         self.status = conn.status
-        self.headers = conn.headers  # names lower-cased
+        self._headers: dict[str, str] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Names lower-cased (built on first use: the hot path reads only the content type)."""
+        if self._headers is None:
+            self._headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+                             for name, value in self._conn.raw_headers}
+        return self._headers
 
     @property
     def content_type(self) -> str:
-        return self.headers.get("content-type", "application/octet-stream") \
-            .split(";", 1)[0].strip()
+        for name, value in self._conn.raw_headers:
+            if len(name) == 12 and name.lower() == b"content-type":
+                return value.decode("latin-1").split(";", 1)[0].strip()
+        return "application/octet-stream"
 
     @property
     def content(self) -> LegResponse:  # aiohttp's spelling: ``resp.content.readany()``
@@ -363,10 +374,10 @@ class LegClient:
 
 def header_block(headers: dict[str, str]) -> bytes:
     """``Name: value\\r\\n`` lines; a name or value that would split the request is refused."""
-    lines = []
-    for name, value in headers.items():
-        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
-            raise ValueError(f"header {name!r} cannot be sent")
-        lines.append(f"{name}: {value}\r\n")
+    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    # one CR and one LF per line: any other in a name or value would end a line early
+    if text.count("\r") != len(headers) or text.count("\n") != len(headers) or "\0" in text \
+            or any(not name or ":" in name for name in headers):
+        raise ValueError(f"a header in {list(headers)!r} cannot be sent")
     # aiohttp's server decodes header bytes as UTF-8 with surrogateescape: this restores them
-    return "".join(lines).encode("utf-8", "surrogateescape")
+    return text.encode("utf-8", "surrogateescape")

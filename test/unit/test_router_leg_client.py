@@ -94,6 +94,7 @@ def test_content_length_body_and_request_bytes() -> None:
                                      header_block({"X-Request-Id": "r1"}))
             assert resp.status == 200
             assert resp.content_type == "application/json"
+            assert resp.headers == {"content-type": "application/json", "content-length": "11"}
             assert await resp.read() == b'{"ok":true}'
             resp.release()
             await client.close()
