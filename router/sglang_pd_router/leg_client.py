@@ -88,7 +88,7 @@ class _Conn(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
             cause = e.__context__ if isinstance(e.__context__, LegError) else e
             self._fail(LegError(f"bad response from the worker: {cause}"))
             return

@@ -323,9 +323,13 @@ def test_body_over_the_limit_is_refused() -> None:
     run(main)
 
 
-def test_malformed_status_line_is_an_error() -> None:
+@pytest.mark.parametrize("answer", [
+    b"NOT HTTP AT ALL\r\n\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\nzz",
+])
+def test_malformed_or_upgrading_answer_is_an_error(answer: bytes) -> None:
     async def main() -> None:
-        async with Server(fixed(b"NOT HTTP AT ALL\r\n\r\n", keep=False)) as url:
+        async with Server(fixed(answer, keep=False)) as url:
             client = LegClient()
             with pytest.raises(LegError, match="bad response"):
                 await client.post(url, "/generate", b"{}", b"")
