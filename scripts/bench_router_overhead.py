@@ -279,6 +279,8 @@ def main() -> None:
     p.add_argument("--routers", nargs="+", default=["ours", "smg"], choices=["ours", "smg"])
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--log-dir", default="/tmp/bench_router_overhead")
+    p.add_argument("--runs", type=int, default=1,
+                   help="repeat the whole measurement (fresh stubs and routers) this many times")
     args = p.parse_args()
     try:
         import uvloop  # type: ignore[import-not-found]
@@ -286,7 +288,10 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(bench(args))
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"\n=== run {run + 1} of {args.runs}")
+        asyncio.run(bench(args))
 
 
 if __name__ == "__main__":

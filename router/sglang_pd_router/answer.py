@@ -14,6 +14,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from .leg_client import LegResponse
+
 logger = logging.getLogger(__name__)
 
 # where a started stream is kept on the request, so a timeout can end it in-band
@@ -41,7 +43,7 @@ class LegResult:
 @dataclass
 class DecodeHead:
     """Decode's answer up to the first byte: the open response and what was read."""
-    resp: aiohttp.ClientResponse
+    resp: LegResponse
     first: bytes  # stream: the first chunk; otherwise the whole body
     done: bool  # the body was read to the end
 
@@ -77,7 +79,7 @@ async def answer_whole(head: DecodeHead, p_task: asyncio.Future, body: dict[str,
 
 async def open_stream(request: web.Request, head: DecodeHead) -> web.StreamResponse:
     out = web.StreamResponse(status=200, headers={
-        "Content-Type": head.resp.headers.get("Content-Type", "text/event-stream"),
+        "Content-Type": head.resp.headers.get("content-type", "text/event-stream"),
         "Cache-Control": "no-cache"})
     await out.prepare(request)
     request[STREAM_KEY] = out  # a timeout after this point ends the stream in-band

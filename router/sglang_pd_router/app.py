@@ -98,7 +98,7 @@ class RouterService:
             on_routed=lambda cls, p, d: self.metrics.child(
                 self.metrics.routed, cls, p.url if p else "local", d.url).inc(),
             on_retry=lambda cls: self.metrics.child(self.metrics.retries, cls).inc(),
-            conditional=self.cfg.conditional)
+            conditional=self.cfg.conditional, connect_timeout_s=self.cfg.connect_timeout_s)
         self.monitor = WorkerMonitor(self.cfg, self.registry, self.session, self.metrics,
                                      self.worker_headers, self.set_threshold)
         workers = self.registry.all()
@@ -109,6 +109,8 @@ class RouterService:
     async def stop(self, _app: web.Application | None = None) -> None:
         if self.monitor is not None:
             await self.monitor.stop()
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
         if self.session is not None:
             await self.session.close()
 

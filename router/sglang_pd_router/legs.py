@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from .answer import DecodeHead, LegResult
+from .leg_client import LegClient
 from .workers import Worker
 
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
@@ -42,26 +43,33 @@ class AttemptError(RouteError):
 
 @dataclass
 class Legs:
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession  # the probes
+    client: LegClient  # the generation legs themselves (the hot path)
     worker_headers: dict[str, str]
     kv_deadline_s: float
     first_byte_timeout_s: float
     probe_timeout_s: float
 
-    async def prefill(self, worker: Worker, path: str, data: bytes, headers: dict[str, str],
+    async def prefill(self, worker: Worker, path: str, data: bytes, headers: bytes,
                       tokens: int) -> LegResult:
         worker.in_flight += 1
         worker.outstanding_prefill_tokens += tokens
         try:
-            async with self.session.post(worker.url + path, data=data, headers=headers) as resp:
-                return LegResult(resp.status, await resp.read())
+            resp = await self.client.post(worker.url, path, data, headers)
+            try:
+                result = LegResult(resp.status, await resp.read())
+            except BaseException:
+                resp.close()
+                raise
+            resp.release()
+            return result
         finally:
             worker.in_flight -= 1
             worker.outstanding_prefill_tokens -= tokens
 
-    async def decode_head(self, worker: Worker, path: str, data: bytes,
-                          headers: dict[str, str], stream: bool) -> DecodeHead:
-        resp = await self.session.post(worker.url + path, data=data, headers=headers)
+    async def decode_head(self, worker: Worker, path: str, data: bytes, headers: bytes,
+                          stream: bool) -> DecodeHead:
+        resp = await self.client.post(worker.url, path, data, headers)
         try:
             if stream and resp.status == 200:
                 first = await resp.content.readany()

@@ -24,6 +24,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from .leg_client import LegResponse
+
 logger = logging.getLogger(__name__)
 
 DONE_EVENT = b"data: [DONE]"
@@ -134,10 +136,10 @@ class EventSplitter:
 
 
 # re-dispatch: (body, decode to avoid) -> (open response, its first chunk, its decode) or None
-Reopen = Callable[[dict[str, Any], Any], Awaitable["tuple[aiohttp.ClientResponse, bytes, Any] | None"]]
+Reopen = Callable[[dict[str, Any], Any], Awaitable["tuple[LegResponse, bytes, Any] | None"]]
 
 
-async def relay_with_migration(out: web.StreamResponse, resp: aiohttp.ClientResponse,
+async def relay_with_migration(out: web.StreamResponse, resp: LegResponse,
                                first: bytes, decode: Any, resume: Resume, reopen: Reopen,
                                alive: Callable[[Any], Awaitable[bool]], idle_s: float,
                                on_broken: Callable[[Any], None]) -> None:
@@ -187,7 +189,7 @@ async def relay_with_migration(out: web.StreamResponse, resp: aiohttp.ClientResp
         resp, first, decode = opened
 
 
-async def _next_chunk(resp: aiohttp.ClientResponse, decode: Any, idle_s: float,
+async def _next_chunk(resp: LegResponse, decode: Any, idle_s: float,
                       alive: Callable[[Any], Awaitable[bool]]) -> bytes:
     while True:
         try:

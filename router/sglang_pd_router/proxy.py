@@ -29,6 +29,7 @@ from aiohttp import web
 
 from .answer import (DecodeHead, LegResult, answer_stream, answer_whole, error_response,
                      open_stream, passthrough, sse_error_status)
+from .leg_client import LegClient, LegLimits, LegResponse, header_block
 from .legs import RETRY_STATUSES, AttemptError, Legs, RouteError, swallow
 from .migrate import Resume, relay_with_migration
 from .policies import RouteRequest, RoutingPolicy
@@ -50,6 +51,7 @@ class Dispatcher:
                  backoff_max_s: float, request_timeout_s: float,
                  kv_deadline_s: float = 30.0, first_byte_timeout_s: float = 10.0,
                  probe_timeout_s: float = 2.0, max_migrations: int = 0,
+                 connect_timeout_s: float = 5.0,
                  on_routed: Callable[[str, Worker | None, Worker], None] | None = None,
                  on_retry: Callable[[str], None] | None = None,
                  conditional: ConditionalConfig | None = None) -> None:
@@ -61,13 +63,21 @@ class Dispatcher:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.request_timeout_s = request_timeout_s
-        self.legs = Legs(session, worker_headers, kv_deadline_s, first_byte_timeout_s,
-                         probe_timeout_s)
+        # every read of a leg is bounded by the request's timeout (and a margin: the request's
+        # own scope fires first and answers the client)
+        self.legs = Legs(session, LegClient(LegLimits(
+            connect_timeout_s=connect_timeout_s, read_timeout_s=request_timeout_s + 30.0)),
+            worker_headers, kv_deadline_s, first_byte_timeout_s, probe_timeout_s)
+        self._static_headers = header_block({"Content-Type": "application/json",
+                                             **worker_headers})
         self.max_migrations = max_migrations  # per request; 0: a broken stream ends in error
         self.on_routed = on_routed
         self.on_retry = on_retry
         self.conditional = conditional  # None: every request takes a prefill leg
         self._background: set[asyncio.Future] = set()  # prefill legs that outlive the answer
+
+    async def close(self) -> None:
+        await self.legs.client.close()
 
     # ------------------------------------------------------------------ picking
     def _pick(self, kind: str, policy: RoutingPolicy, route_req: RouteRequest,
@@ -83,12 +93,16 @@ class Dispatcher:
     async def serve(self, request: web.Request, path: str, data: bytes, body: dict[str, Any],
                     route_req: RouteRequest, stream: bool, t_arrival: float,
                     on_first_send: Callable[[float], None]) -> web.StreamResponse:
-        headers = {"Content-Type": "application/json", **self.worker_headers}
-        for name in _FORWARDED_HEADERS:
-            if name in request.headers:
-                headers[name] = request.headers[name]
+        headers = self._static_headers  # the legs' header lines, built once per request
+        extra = {name: request.headers[name] for name in _FORWARDED_HEADERS
+                 if name in request.headers}
         if route_req.request_class:  # our class and the count it used (request_class.py)
-            headers.update(class_headers(route_req.request_class, route_req.prompt_len))
+            extra.update(class_headers(route_req.request_class, route_req.prompt_len))
+        if extra:
+            try:
+                headers += header_block(extra)
+            except ValueError as e:  # a client's header that would split the request
+                return error_response(400, str(e))
         resume = Resume.for_request(path, body, stream, self.max_migrations)
         result = await self._dispatch(request, path, data, body, headers, route_req, stream,
                                       t_arrival, on_first_send, resume)
@@ -96,7 +110,7 @@ class Dispatcher:
         return result
 
     async def _dispatch(self, request: web.Request, path: str, data: bytes,
-                        body: dict[str, Any], headers: dict[str, str], route_req: RouteRequest,
+                        body: dict[str, Any], headers: bytes, route_req: RouteRequest,
                         stream: bool, t_arrival: float, on_first_send: Callable[[float], None],
                         resume: Resume | None, handoff: bool = False,
                         avoid: set[str] | None = None) -> web.StreamResponse | _Handoff:
@@ -160,7 +174,7 @@ class Dispatcher:
         return error_response(last_error.status, last_error.message)
 
     async def _try_pair(self, request: web.Request, path: str, data: bytes,
-                        headers: dict[str, str], route_req: RouteRequest, stream: bool,
+                        headers: bytes, route_req: RouteRequest, stream: bool,
                         prefill: Worker | None, decode: Worker, body: dict[str, Any],
                         resume: Resume | None = None, handoff: bool = False
                         ) -> web.StreamResponse | AttemptError | _Handoff:
@@ -239,12 +253,12 @@ class Dispatcher:
                 p_task.cancel()
 
     async def _answer_migrating(self, request: web.Request, head: DecodeHead, decode: Worker,
-                                resume: Resume, path: str, headers: dict[str, str],
+                                resume: Resume, path: str, headers: bytes,
                                 route_req: RouteRequest) -> web.StreamResponse:
         out = await open_stream(request, head)
 
         async def reopen(body: dict[str, Any], dead: Worker
-                         ) -> tuple[aiohttp.ClientResponse, bytes, Worker] | None:
+                         ) -> tuple[LegResponse, bytes, Worker] | None:
             ids = body["input_ids"]
             result = await self._dispatch(
                 request, path, orjson.dumps(body), body, headers,
