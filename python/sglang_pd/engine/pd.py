@@ -123,9 +123,12 @@ def failure_status(update: RoomUpdate) -> int:
 
 def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: torch.Tensor, host: str,
                     bootstrap_port: int, num_reserved_decode_tokens: int, max_running: int,
-                    kv_mover: TPKVMover | None = None) -> PDHooks:
-    """The hooks for ``--mode``, with the NIXL transport for the PD modes. With tensor
-    parallelism (``kv_mover``), NIXL moves rank 0's all-heads staging copy (engine/tp/kv_move.py)."""
+                    kv_mover: TPKVMover | None = None,
+                    per_rank: tuple[Any, int, int] | None = None) -> PDHooks:
+    """The hooks for ``--mode``, with the NIXL transport for the PD modes. ``per_rank`` (the
+    runner, the TP size, the model's KV heads): every rank writes its own KV heads
+    (engine/tp/rank_kv.py; any TP size, 1 included). Else, with tensor parallelism
+    (``kv_mover``), NIXL moves rank 0's all-heads staging copy (engine/tp/kv_move.py)."""
     if mode == "colocated":
         return NullPD()
     import os
@@ -138,6 +141,9 @@ def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: 
 
     from sglang_pd.disaggregation.tp_sides import GatherTransport, TPReceiverManager, TPSenderManager
 
+    if per_rank is not None:
+        return _per_rank_hooks(mode, scheduler, page_size, kv_buffer, host, bootstrap_port,
+                               num_reserved_decode_tokens, max_running, *per_rank)
     buffer = kv_mover.staging if kv_mover is not None else kv_buffer
     tp_size = kv_mover.group.size if kv_mover is not None else 1
     transport: KVTransport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", buffer)
@@ -154,6 +160,35 @@ def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: 
 
     mgr = (KVReceiverManager(transport, envs=DisaggEnvs.load()) if kv_mover is None else
            TPReceiverManager(transport, tp_size, kv_mover.scatter, envs=DisaggEnvs.load()))
+    return DecodeSide(scheduler, page_size, mgr,
+                      reserved_pages=pages_for(num_reserved_decode_tokens, page_size),
+                      max_running=max_running)
+
+
+def _per_rank_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: torch.Tensor,
+                    host: str, bootstrap_port: int, num_reserved_decode_tokens: int,
+                    max_running: int, runner: Any, tp_size: int, num_kv_heads: int) -> PDHooks:
+    import os
+
+    from sglang_pd.disaggregation.envs import DisaggEnvs
+    from sglang_pd.disaggregation.tp_rank_sides import RankReceiverManager, RankSenderManager
+    from sglang_pd.disaggregation.transfer.faults import maybe_wrap
+    from sglang_pd.engine.tp.rank_kv import RankKV, TPLink
+    from sglang_pd.engine.tp.rank_writer import RankWriteTransport
+
+    link = TPLink(runner, RankKV.create(mode, 0, kv_buffer), tp_size)
+    envs = DisaggEnvs.load()
+    if mode == "prefill":
+        from sglang_pd.engine.pd_prefill import PrefillSide
+
+        writer = RankWriteTransport(link, num_kv_heads)
+        transport = maybe_wrap(writer, dict(os.environ))  # fault-injection tests only
+        return PrefillSide(scheduler, page_size, RankSenderManager(
+            transport, writer, envs=envs, bootstrap_host=host, bootstrap_port=bootstrap_port))
+    from sglang_pd.engine.pd_decode import DecodeSide
+
+    mgr = RankReceiverManager(maybe_wrap(link.kv.transport, dict(os.environ)), link, num_kv_heads,
+                              envs=envs)
     return DecodeSide(scheduler, page_size, mgr,
                       reserved_pages=pages_for(num_reserved_decode_tokens, page_size),
                       max_running=max_running)
