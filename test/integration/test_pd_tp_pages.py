@@ -1,8 +1,8 @@
 """A PD server with TP gets as many KV pages as the same server without PD (issue 31, the
-per-rank design): no rank keeps a staging copy. Built in-process as rank 0 of a TP-2 server
+per-rank design): no rank keeps a staging copy (the earlier design's rank 0 held 1 + N times
+its pool, so it got 1 / (1 + N) of the pages). Built in-process as rank 0 of a TP-2 server
 (the shard arithmetic needs no peers to load), with the device memory fixed so the pool is
-sized by --mem-fraction-static. The staging fallback (SGLANG_PD_TP_KV=staging) is shown
-for contrast: rank 0 there holds 1 + N times its pool, so it gets 1 / (1 + N) of the pages."""
+sized by --mem-fraction-static."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ pytestmark = pytest.mark.skipif(nixl_missing() is not None, reason=f"PD needs NI
 MEMORY = 64 << 20
 
 
-def _pages(model: str, mode: str, monkeypatch: pytest.MonkeyPatch, path: str = "per_rank") -> int:
-    monkeypatch.setenv("SGLANG_PD_TP_KV", path)
+def _pages(model: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(memory, "available_memory_bytes", lambda device: MEMORY)
     args = ServerArgs(model_path=model, tp_size=2, disaggregation_mode=mode, page_size=4,
                       mem_fraction_static=0.5, disaggregation_bootstrap_port=free_port())
@@ -36,10 +35,8 @@ def test_pd_tp_server_gets_the_colocated_page_count(tiny_model_dir: str,
     colocated = _pages(tiny_model_dir, "colocated", monkeypatch)
     prefill = _pages(tiny_model_dir, "prefill", monkeypatch)
     decode = _pages(tiny_model_dir, "decode", monkeypatch)
-    staging = _pages(tiny_model_dir, "prefill", monkeypatch, "staging")
     # tiny llama: 4 layers, 2 KV heads (1 per rank), head_dim 32, fp32: 1 KiB per token per rank
     assert colocated == (MEMORY // 2 // 1024) // 4 + 1
     assert prefill == colocated and decode == colocated, (colocated, prefill, decode)
-    assert staging == (MEMORY // 2 // (3 * 1024)) // 4 + 1  # own head + all 2 heads staged
     print(f"\nKV pages, tp 2, {MEMORY >> 20} MiB x 0.5: colocated {colocated}, PD prefill "
-          f"{prefill}, PD decode {decode} (per-rank); staging fallback {staging}")
+          f"{prefill}, PD decode {decode}")

@@ -127,7 +127,7 @@ class KVReceiverManager:
             agent_metadata=self._metadata,
             layout=self.transport.layout,
             dst_pages=list(dst_pages),
-            tp_size=getattr(self, "tp_size", 1),  # tp_sides.TPReceiverManager sets it
+            tp_size=getattr(self, "tp_size", 1),  # tp_sides.RankReceiverManager sets it
             prefix_len=prefix_len,
             ranks=list(getattr(self, "rank_agents", ())),  # tp_sides.RankReceiverManager's
         )

@@ -91,7 +91,7 @@ class TPRanks:
     # a forward failed on rank 0: the ranks may be inside a collective rank 0 left, so the
     # group is out of step for good and the engine must exit (engine_process polls this)
     broken: bool = False
-    kv_mover: Any = None  # PD with TP: rank 0's TPKVMover or TPLink (its ``broken`` counts too)
+    kv_link: Any = None  # PD: rank 0's TPLink (engine/tp/rank_kv.py; its ``broken`` counts too)
     rank_agents: dict[int, Any] = field(default_factory=dict)  # per-rank PD: each rank's agent
     _closed: bool = False
 
@@ -144,7 +144,7 @@ class TPRanks:
         runner.step_sink = self.send  # type: ignore[attr-defined]
         runner.tp_back = self.recv_back  # type: ignore[attr-defined]  # per-rank PD reports
         runner.tp_rank_agents = self.rank_agents  # type: ignore[attr-defined]
-        self.kv_mover = getattr(runner, "tp_kv_mover", None)  # PD servers only (kv_move.py)
+        self.kv_link = getattr(runner, "tp_kv_link", None)  # PD servers only (rank_kv.py)
         forward = runner.forward  # type: ignore[attr-defined]
 
         def guarded(batch: object) -> object:
@@ -217,8 +217,8 @@ class TPRanks:
         dead = self.dead_rank()
         if dead is not None:
             return f"tensor-parallel rank {dead} died (exit code {self.procs[dead].returncode})"
-        if self.kv_mover is not None and self.kv_mover.broken:
-            return "a KV gather/scatter failed on rank 0; the ranks are out of step"
+        if self.kv_link is not None and self.kv_link.broken:
+            return "a rank-to-rank KV transfer failed on rank 0; the ranks are out of step"
         return "a forward failed on rank 0; the ranks are out of step" if self.broken else None
 
     # ------------------------------------------------------------------ shutdown

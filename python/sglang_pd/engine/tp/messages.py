@@ -1,9 +1,8 @@
 """The typed messages between rank 0 and the other tensor-parallel ranks (msgpack; never pickle).
 
 rank 0 -> rank r (PUSH/PULL, one socket per rank, in order): TPInit once, then a StepPlan per
-forward (in PD mode also the KV messages between forwards: KVGather / KVScatter in the staging
-design, KVPeers / KVWrite / KVCancel / KVDropPeer / KVSettle in the per-rank one), then
-TPShutdown. Every rank gets every message; a KV message names the rank(s) it concerns.
+forward (in PD mode also the KV messages between forwards: KVPeers / KVWrite / KVCancel /
+KVDropPeer / KVSettle, rank_kv.py), then TPShutdown. Every rank gets every message; a KV message names the rank(s) it concerns.
 rank r -> rank 0 (one PULL for all): TPReady at each start-up stage, then (per-rank PD) a
 KVWriteDone per KVWrite it had writes in, and a KVSettled per KVSettle.
 """
@@ -34,19 +33,6 @@ class StepPlan(msgspec.Struct, tag="step"):
     seq_lens: list[int]
     extend_lens: list[int]
     pages: list[list[int]]  # each request's KV pages (same page numbers on every rank)
-
-
-class KVGather(msgspec.Struct, tag="kv_gather"):
-    """PD prefill with TP: send rank 0 your KV heads of ``pages`` (a gather collective right
-    after this message, in plan order; engine/tp/kv_move.py)."""
-
-    pages: list[int]
-
-
-class KVScatter(msgspec.Struct, tag="kv_scatter"):
-    """PD decode with TP: take your KV heads of ``pages`` from rank 0 (a scatter collective)."""
-
-    pages: list[int]
 
 
 class SliceWrite(msgspec.Struct):
@@ -121,8 +107,7 @@ class TPReady(msgspec.Struct, tag="ready"):
     kv_agent: RankAgent | None = None  # per-rank PD, with "ready": this rank's NIXL agent
 
 
-ToRank = (TPInit | StepPlan | KVGather | KVScatter | KVPeers | KVDropPeer | KVWrite | KVCancel
-          | KVSettle | TPShutdown)
+ToRank = TPInit | StepPlan | KVPeers | KVDropPeer | KVWrite | KVCancel | KVSettle | TPShutdown
 FromRank = TPReady | KVWriteDone | KVSettled
 
 _to_rank = msgspec.msgpack.Decoder(ToRank)

@@ -205,9 +205,9 @@ class TPLink:
     def __init__(self, runner: Any, kv: RankKV, tp_size: int) -> None:
         self.runner, self.kv, self.tp_size = runner, kv, tp_size
         # the ranks are out of step (a send or a settle failed): TPRanks.failure reads this
-        # and the engine exits (same attribute as the staging design's mover)
+        # and the engine exits
         self.broken = False
-        runner.tp_kv_mover = self
+        runner.tp_kv_link = self
 
     def send(self, msg: ToRank) -> None:
         if self.tp_size == 1:

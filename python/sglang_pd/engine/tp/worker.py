@@ -1,7 +1,7 @@
 """A tensor-parallel rank > 0: ``python -m sglang_pd.engine.tp.worker ARGS_FILE RANK PORT PARENT``.
 
 It holds its shard of the weights and of the KV heads, and runs rank 0's plans: one forward per
-StepPlan, in order, and its part of a PD server's KV gather/scatter (kv_move.py); nothing else
+StepPlan, in order, and on a PD server its own KV writes and settles (rank_kv.py); nothing else
 (no scheduler, no sampler, no HTTP). It exits on TPShutdown, when rank 0 dies (PR_SET_PDEATHSIG,
 and a parent check while idle), or when a forward fails (its peers' collectives then fail at
 once instead of hanging, and rank 0 takes the server down).
@@ -22,17 +22,13 @@ import zmq
 from sglang_pd.engine.attention import create_attention_backend
 from sglang_pd.engine.build import cpu_aware_dtype
 from sglang_pd.engine.kv_pool import KVPool
-from sglang_pd.engine.tp.kv_path import tp_kv_path
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.tp.group import JOIN_TIMEOUT_S, make_group, make_store, share_cpu_threads
-from sglang_pd.engine.tp.kv_move import serve_kv_move
 from sglang_pd.engine.tp.rank_kv import RankKV, RankKVService
 from sglang_pd.engine.tp.messages import (
     KVCancel,
     KVDropPeer,
-    KVGather,
     KVPeers,
-    KVScatter,
     KVSettle,
     KVWrite,
     StepPlan,
@@ -130,8 +126,7 @@ def _build(args: ServerArgs, rank: int, port: int, plans: zmq.Socket, parent: in
                   cfg.head_dim, dtype, args.device)
     runner = ModelRunner(model, pool, attention, max_positions=cfg.max_position_embeddings)
     runner.tp_store = store  # type: ignore[attr-defined]  # alive as long as the group
-    runner.tp_group = group  # type: ignore[attr-defined]  # PD: KV gather/scatter (kv_move.py)
-    if args.disaggregation_mode != "colocated" and tp_kv_path() == "per_rank":
+    if args.disaggregation_mode != "colocated":
         # this rank's own NIXL agent over its own pool (rank_kv.py)
         runner.tp_rank_kv = RankKVService(  # type: ignore[attr-defined]
             RankKV.create(args.disaggregation_mode, rank, pool.kv_buffer), rank)
@@ -155,12 +150,6 @@ def _serve(runner: ModelRunner, plans: zmq.Socket, ready: zmq.Socket, parent: in
                 logger.exception("forward failed; this rank exits (rank 0 takes the server down)")
                 return 1
             steps += 1
-        elif isinstance(msg, KVGather | KVScatter):
-            try:
-                serve_kv_move(msg, runner.kv_pool, runner.tp_group)  # type: ignore[attr-defined]
-            except Exception:
-                logger.exception("KV %s failed; this rank exits", type(msg).__name__)
-                return 1
         elif isinstance(msg, KVPeers | KVDropPeer | KVWrite | KVCancel | KVSettle):
             if kv is None:
                 logger.error("got %s but this rank has no NIXL agent; exiting", type(msg).__name__)
