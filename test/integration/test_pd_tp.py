@@ -1,12 +1,14 @@
 """PD with tensor parallelism (issue 31): prefill and decode at different --tp-size on CPU with
-gloo, NIXL over loopback. P tp=2 -> D tp=1, P tp=1 -> D tp=2 and 2 -> 2 give the same greedy
+gloo, NIXL over loopback, each rank writing its own KV heads to the decode rank(s) that hold
+them (docs/disaggregation.md section 11). P tp=2 -> D tp=1, P tp=1 -> D tp=2, 2 -> 2 and 2 -> 4
+(the tiny model has 2 KV heads: decode replicates each over 2 ranks) give the same greedy
 tokens as the colocated engine (sent the way the routers send, and through our router and
 SGLang's), every page comes back on both sides, and the KV bytes each request moved are
-printed per mapping (run with -s to see them). Then one rank of the TP=2
+asserted and printed per mapping (run with -s to see them). Then one rank of the TP=2
 decode is killed mid-run: the decode server exits within seconds, its clients get errors (not
 hangs, not full answers) and the prefill frees every page.
 
-Four servers (6 engine processes) share the module: one start, about a minute on 2 cores.
+Five servers (10 engine processes) share the module: one start, about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pd_utils import (
     wait_free_pages,
 )
 from server_utils import ServerHandle
+from sglang_pd.disaggregation.tp_mapping import head_mapping, heads_moved
 from sglang_pd.server_args import ServerArgs
 
 pytestmark = [pytest.mark.timeout(300),
@@ -63,10 +66,10 @@ def reference(tiny_model_dir: str) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir, tmp_path_factory):
-    """{"p1", "p2"}: prefills at tp 1 and 2; {"d1", "d2"}: decodes at tp 1 and 2."""
+    """{"p1", "p2"}: prefills at tp 1 and 2; {"d1", "d2", "d4"}: decodes at tp 1, 2 and 4."""
     logs = tmp_path_factory.mktemp("pd-tp-logs")
-    ports = distinct_ports(6)
-    with ThreadPoolExecutor(4) as pool:
+    ports = distinct_ports(7)
+    with ThreadPoolExecutor(5) as pool:
         futs = {
             "p1": pool.submit(start_prefill, tiny_model_dir, logs, env=FAST_FAULT_ENV,
                               port=ports[0], bootstrap_port=ports[1]),
@@ -75,6 +78,8 @@ def servers(tiny_model_dir, tmp_path_factory):
             "d1": pool.submit(start_decode, tiny_model_dir, logs, env=FAST_FAULT_ENV, port=ports[4]),
             "d2": pool.submit(start_decode, tiny_model_dir, logs, "--tp-size", "2",
                               env=FAST_FAULT_ENV, port=ports[5]),
+            "d4": pool.submit(start_decode, tiny_model_dir, logs, "--tp-size", "4",
+                              env=FAST_FAULT_ENV, port=ports[6]),
         }
         got: dict[str, Prefill | ServerHandle] = {}
         error: BaseException | None = None
@@ -107,7 +112,7 @@ def _run(prefill: Prefill, decode_url: str) -> list:
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("pair", ["p2-d1", "p1-d2", "p2-d2"])
+@pytest.mark.parametrize("pair", ["p2-d1", "p1-d2", "p2-d2", "p2-d4"])
 def test_pd_with_tp_equals_colocated(servers, reference, pair: str) -> None:
     p_name, d_name = pair.split("-")
     prefill, decode = servers[p_name], servers[d_name]
@@ -124,11 +129,13 @@ def test_pd_with_tp_equals_colocated(servers, reference, pair: str) -> None:
     moved = load(prefill.base_url)["kv_transfer_bytes_total"] - bytes_before
     tokens = sum(len(p) for p in PROMPTS)
     pages = sum(-(-len(p) // 4) for p in PROMPTS)
-    # whole pages with all KV heads travel whatever the sizes: 4 layers x K,V x 4 tokens x
-    # 2 heads x 32 dims x fp32 per page
-    assert moved == pages * 4 * 2 * 4 * 2 * 32 * 4, (pair, moved)
+    # each head slice of the mapping travels once per page: 4 layers x K,V x 4 tokens x 32 dims
+    # x fp32 per head; 2 heads in all, but 4 when decode tp 4 replicates each head on 2 ranks
+    heads = heads_moved(head_mapping(2, int(p_name[1]), int(d_name[1])))
+    assert moved == pages * 4 * 2 * 4 * heads * 32 * 4, (pair, moved)
     print(f"\nPD tp {p_name[1]} -> {d_name[1]}: {moved / len(PROMPTS):.0f} KV bytes per request "
-          f"({moved} for {len(PROMPTS)} requests, {tokens} prompt tokens, {pages} pages)")
+          f"({moved} for {len(PROMPTS)} requests, {tokens} prompt tokens, {pages} pages, "
+          f"{heads} KV heads per token)")
 
 
 @pytest.mark.parametrize("router, pair", [("ours", "p2-d1"), ("sglang", "p1-d2")])

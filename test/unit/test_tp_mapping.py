@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from sglang_pd.disaggregation.tp_mapping import (
     HeadSlice,
-    gather_pieces,
     head_mapping,
     head_sources,
     heads_moved,
     rank_heads,
     tp_size_error,
 )
+from sglang_pd.disaggregation.tp_slices import local_range, partials_expected
 from sglang_pd.models.parallel import TPGroup, kv_head_start, local_kv_heads
 
 
@@ -45,11 +45,19 @@ def test_every_decode_head_gets_exactly_one_source_that_holds_it(case) -> None:
                 got.extend(range(s.head_lo, s.head_hi))
         assert sorted(got) == list(rank_heads(heads, d, dst))  # each head once, none missing
     assert heads_moved(slices) == heads * max(d // heads, 1)
+    # per-rank writes: each slice sits inside both ranks' pools, and decode rank 0 always has
+    # the slice from prefill rank 0 that carries the chunk's notification (tp_slices.py)
+    for s in slices:
+        assert 0 <= local_range(heads, p, s.src_rank, s) <= len(rank_heads(heads, p, s.src_rank)) - s.width
+        assert 0 <= local_range(heads, d, s.dst_rank, s) <= len(rank_heads(heads, d, s.dst_rank)) - s.width
+    assert any((s.src_rank, s.dst_rank) == (0, 0) for s in slices)
+    total = sum(partials_expected(slices, r, 3) for r in range(d))
+    assert total == 3 * (len(slices) - 1)  # every slice but that one, per chunk
 
 
 @settings(deadline=None)
 @given(st.sampled_from([1, 2, 3, 4, 6, 8, 16]), st.integers(1, 64))
-def test_ranks_cover_the_heads_and_gather_pieces_rebuild_them(heads: int, n: int) -> None:
+def test_ranks_cover_the_heads_and_the_lowest_holder_supplies_each(heads: int, n: int) -> None:
     if tp_size_error(heads, n) is not None:
         with pytest.raises(ValueError):
             rank_heads(heads, n, 0)
@@ -57,13 +65,9 @@ def test_ranks_cover_the_heads_and_gather_pieces_rebuild_them(heads: int, n: int
     covered = set().union(*(rank_heads(heads, n, r) for r in range(n)))
     assert covered == set(range(heads))
     assert all(len(rank_heads(heads, n, r)) == max(heads // n, 1) for r in range(n))
-    rebuilt: list[int] = []
-    for piece in gather_pieces(heads, n):
-        local = rank_heads(heads, n, piece.rank)
-        rebuilt.extend(local[piece.local_lo:piece.local_lo + piece.width])
-        assert piece.head_lo == local[piece.local_lo]
-    assert rebuilt == list(range(heads))
-    assert [head_sources(heads, n)[h] for h in rebuilt] == sorted(head_sources(heads, n))
+    for h, src in enumerate(head_sources(heads, n)):
+        assert h in rank_heads(heads, n, src)
+        assert all(h not in rank_heads(heads, n, r) for r in range(src))
 
 
 def test_the_documented_tables_for_two_heads() -> None:

@@ -127,8 +127,9 @@ class KVReceiverManager:
             agent_metadata=self._metadata,
             layout=self.transport.layout,
             dst_pages=list(dst_pages),
-            tp_size=getattr(self, "tp_size", 1),  # tp_sides.TPReceiverManager sets it
+            tp_size=getattr(self, "tp_size", 1),  # tp_sides.RankReceiverManager sets it
             prefix_len=prefix_len,
+            ranks=list(getattr(self, "rank_agents", ())),  # tp_sides.RankReceiverManager's
         )
         why = self.client.register(bootstrap_host, bootstrap_port, reg, now)
         if why is not None:  # never sent: no write can come, the pages are free at once

@@ -15,6 +15,15 @@ from sglang_pd.disaggregation.kv_layout import KVLayout
 PROTOCOL_VERSION = 1
 
 
+class RankAgent(msgspec.Struct, frozen=True):
+    """One decode rank's NIXL agent and its own KV pool (its KV heads only): where prefill
+    ranks write that rank's heads (PD with TP, docs/disaggregation.md section 11)."""
+
+    agent_name: str
+    agent_metadata: bytes
+    layout: KVLayout
+
+
 class Register(msgspec.Struct, tag="register", frozen=True):
     """decode -> prefill: "write room's KV into these pages of mine"."""
 
@@ -28,12 +37,14 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     layout: KVLayout
     dst_pages: list[int]
     version: int = PROTOCOL_VERSION
-    # decode's --tp-size: prefill maps KV heads per decode server from it (tp_mapping.py);
-    # pages travel with all KV heads whatever the sizes, so an old peer's default 1 is safe
+    # decode's --tp-size: prefill maps KV heads per decode server from it (tp_mapping.py)
     tp_size: int = 1
     # Leading prompt tokens (whole pages) decode already holds in its own prefix cache:
     # dst_pages receive the prompt's pages from prefix_len / page_size on (decode_reuse.py).
     prefix_len: int = 0
+    # PD with TP: every decode rank's agent, indexed by rank (ranks[0] is the agent above).
+    # Empty (a TP-1 or older decode): the agent above holds all KV heads.
+    ranks: list[RankAgent] = []
 
 
 class Claim(msgspec.Struct, tag="claim", frozen=True):
@@ -49,6 +60,9 @@ class Claim(msgspec.Struct, tag="claim", frozen=True):
 class RegisterAck(msgspec.Struct, tag="register_ack", frozen=True):
     room: int
     prefill_agent_name: str
+    # prefill's --tp-size: decode derives from it which prefill ranks write into which of its
+    # ranks (tp_mapping.head_mapping), to know when every rank's writes have landed
+    tp_size: int = 1
 
 
 class RegisterRefused(msgspec.Struct, tag="register_refused", frozen=True):

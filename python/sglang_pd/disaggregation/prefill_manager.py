@@ -282,7 +282,7 @@ class KVSenderManager:
             self.server.send(client_id, m.RegisterRefused(reg.room, why))
             return
         try:
-            peer = self.transport.add_peer(reg.agent_metadata, reg.layout)
+            peer = self._add_peer(reg)
         except TransferError as e:
             self.server.send(client_id, m.RegisterRefused(reg.room, f"room {reg.room}: {e}"))
             return
@@ -291,9 +291,14 @@ class KVSenderManager:
         self._client_peer[client_id] = peer
         r.state.on_register(now, r.skip + len(reg.dst_pages))
         if r.src_pages is None or r.state.check_num_pages(now, len(r.src_pages)):
-            self.server.send(client_id, m.RegisterAck(reg.room, self.transport.agent_name))
+            self.server.send(client_id, m.RegisterAck(reg.room, self.transport.agent_name,
+                                                      tp_size=getattr(self, "tp_size", 1)))
             if r.expected and r.src_pages is None:
                 self._registered.append(reg.room)
+
+    def _add_peer(self, reg: m.Register) -> str:
+        """Load the registering decode's agent (tp_sides.py: every rank's, with TP)."""
+        return self.transport.add_peer(reg.agent_metadata, reg.layout)
 
     def _progress(self, r: _Room, now: float) -> None:
         for chunk, h in list(r.cancelling.items()):  # ended, or cancellable at last?

@@ -9,7 +9,7 @@ unit test keeps the two equal.
 Register arrives (it carries the decode's tp_size): a list of (prefill rank, decode rank, head
 range) slices such that every head every decode rank holds comes from exactly one prefill rank
 (the lowest that holds it: a replicated head is read once). docs/disaggregation.md section 11
-shows the tables, and which data path moves the slices.
+shows the tables; tp_slices.py turns a slice into NIXL descriptors.
 """
 
 from __future__ import annotations
@@ -26,15 +26,6 @@ class HeadSlice(NamedTuple):
     @property
     def width(self) -> int:
         return self.head_hi - self.head_lo
-
-
-class GatherPiece(NamedTuple):
-    """Heads [local_lo, local_lo + width) of ``rank``'s pool are global heads [head_lo, ...)."""
-
-    rank: int
-    local_lo: int
-    head_lo: int
-    width: int
 
 
 def tp_size_error(num_kv_heads: int, tp_size: int) -> str | None:
@@ -75,20 +66,6 @@ def head_sources(num_kv_heads: int, tp_size: int) -> list[int]:
     return out
 
 
-def gather_pieces(num_kv_heads: int, tp_size: int) -> list[GatherPiece]:
-    """How to assemble all H heads from the ranks' pools: one piece per supplying rank, in
-    head order (each rank's heads are contiguous, so a rank supplies one run)."""
-    sources = head_sources(num_kv_heads, tp_size)
-    pieces: list[GatherPiece] = []
-    for h, r in enumerate(sources):
-        if pieces and pieces[-1].rank == r and pieces[-1].head_lo + pieces[-1].width == h:
-            last = pieces[-1]
-            pieces[-1] = last._replace(width=last.width + 1)
-        else:
-            pieces.append(GatherPiece(r, h - rank_heads(num_kv_heads, tp_size, r).start, h, 1))
-    return pieces
-
-
 def head_mapping(num_kv_heads: int, prefill_tp: int, decode_tp: int) -> list[HeadSlice]:
     """The (prefill rank, decode rank, head range) slices for one pair, decode-rank order.
     Raises ValueError when either TP size cannot split the heads."""
@@ -107,8 +84,8 @@ def head_mapping(num_kv_heads: int, prefill_tp: int, decode_tp: int) -> list[Hea
 
 
 def heads_moved(slices: list[HeadSlice]) -> int:
-    """KV heads written per token if every slice travels rank to rank (the per-rank design):
-    H when D <= H, D (one per decode rank) when decode replicates heads."""
+    """KV heads written per token (every slice travels rank to rank): H when D <= H, D (one
+    per decode rank) when decode replicates heads."""
     return sum(s.width for s in slices)
 
 

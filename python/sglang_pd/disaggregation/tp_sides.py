@@ -1,98 +1,63 @@
-"""The transfer managers of a PD server with tensor parallelism (docs/disaggregation.md s. 11).
+"""The transfer managers of a PD server in the per-rank design (docs/disaggregation.md s. 11).
 
-Built design: rank 0 of each side moves whole pages (all KV heads) over its one NIXL agent;
-the engine gathers the heads before a write (prefill) and scatters them after the last
-notification (decode), engine/tp/kv_move.py. Here, only the hooks into the managers:
+Every PD server uses them, TP size 1 included, so that any prefill TP size pairs with any
+decode TP size the KV heads allow; between two TP-1 servers nothing changes on the wire.
 
-- ``GatherTransport`` wraps prefill's transport: the pages of every WRITE are gathered just
-  before it is posted (``kv_transfer_bytes_total`` counts the pages the sender manager sends,
-  engine/pd_prefill.py, one definition for every TP size).
-- ``TPSenderManager`` computes the head mapping once per decode server, at its first
-  Register (which carries the decode's tp_size), refusing a decode whose TP size cannot
-  split the heads; the mapping is logged and kept (``mappings``).
-- ``TPReceiverManager`` sends its tp_size in Register and, when a room's KV has all arrived,
-  scatters the room's registered pages to the ranks before the engine hears Success.
+- ``RankSenderManager`` (prefill rank 0): loads each registering decode through
+  ``RankWriteTransport.add_decode`` (every decode rank's agent; the head mapping is computed
+  there, once per decode server, and logged), refusing a pair the heads cannot split; its
+  RegisterAck carries the prefill's TP size.
+- ``RankReceiverManager`` (decode rank 0): its Register carries every rank's agent; when a
+  room's last notification has arrived it holds the room's Success back until every decode
+  rank has counted the partial notifications of the slices written into it (tp_slices.py), so
+  the engine never decodes from a page another prefill rank is still writing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sglang_pd.disaggregation import messages as m
 from sglang_pd.disaggregation.bootstrap import PeerDead
+from sglang_pd.disaggregation.bootstrap.server import BootstrapServer
 from sglang_pd.disaggregation.decode_manager import KVReceiverManager
+from sglang_pd.disaggregation.envs import DisaggEnvs
 from sglang_pd.disaggregation.prefill_manager import KVSenderManager
 from sglang_pd.disaggregation.state import RoomUpdate
-from sglang_pd.disaggregation.tp_mapping import HeadSlice, describe, head_mapping
-from sglang_pd.disaggregation.transfer.base import KVTransport, TransferHandle, TransferStatus
+from sglang_pd.disaggregation.tp_mapping import head_mapping
+from sglang_pd.disaggregation.tp_slices import partials_expected
+from sglang_pd.disaggregation.transfer.base import KVTransport
+
+if TYPE_CHECKING:
+    from sglang_pd.engine.tp.rank_kv import TPLink
+    from sglang_pd.engine.tp.rank_writer import RankWriteTransport
 
 logger = logging.getLogger(__name__)
 
-PagesHook = Callable[[list[int]], None]
+ROOMS_KEPT = 4096
 
 
-class GatherTransport(KVTransport):
-    """Delegates to ``inner``; ``before_write(src_pages)`` runs before each WRITE is posted."""
+class RankSenderManager(KVSenderManager):
+    def __init__(self, transport: KVTransport, writer: RankWriteTransport, *,
+                 envs: DisaggEnvs, bootstrap_host: str, bootstrap_port: int) -> None:
+        # layouts differ per rank: add_decode checks each decode rank's against the mapping
+        server = BootstrapServer(bootstrap_host, bootstrap_port, local_layout=None,
+                                 heartbeat_interval=envs.heartbeat_interval,
+                                 heartbeat_max_failure=envs.heartbeat_max_failure)
+        super().__init__(transport, server, envs)
+        self.writer, self.tp_size = writer, writer.tp_size
+        self.mappings: dict[str, str] = {}  # decode client_id -> its mapping, as logged
 
-    def __init__(self, inner: KVTransport, before_write: PagesHook | None = None) -> None:
-        self.inner, self.before_write = inner, before_write
-        self.layout, self.agent_name = inner.layout, inner.agent_name
-
-    def metadata(self) -> bytes:
-        return self.inner.metadata()
-
-    def add_peer(self, metadata: bytes, layout: Any) -> str:
-        return self.inner.add_peer(metadata, layout)
-
-    def remove_peer(self, peer: str) -> None:
-        self.inner.remove_peer(peer)
-
-    def write_pages(self, peer: str, src_pages: Sequence[int], dst_pages: Sequence[int],
-                    notif: bytes) -> TransferHandle:
-        if self.before_write is not None:
-            self.layout.check_pages(src_pages, "src_pages")  # before any rank reads them
-            self.before_write(list(src_pages))
-        return self.inner.write_pages(peer, src_pages, dst_pages, notif)
-
-    def poll(self, handle: TransferHandle) -> TransferStatus:
-        return self.inner.poll(handle)
-
-    def release(self, handle: TransferHandle) -> bool:
-        return self.inner.release(handle)
-
-    def send_notif(self, peer: str, msg: bytes) -> None:
-        self.inner.send_notif(peer, msg)
-
-    def get_notifs(self) -> list[bytes]:
-        return self.inner.get_notifs()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class TPSenderManager(KVSenderManager):
-    """KVSenderManager that knows its TP size and maps heads per decode server."""
-
-    def __init__(self, transport: KVTransport, tp_size: int, **kwargs: Any) -> None:
-        super().__init__(transport, **kwargs)
-        self.tp_size = tp_size
-        self.mappings: dict[str, list[HeadSlice]] = {}  # decode client_id -> its slices
-
-    def _on_register(self, client_id: str, reg: m.Register, now: float) -> None:
-        if client_id not in self.mappings:
-            heads = self.transport.layout.kv_heads  # whole pages travel: all KV heads
-            try:
-                self.mappings[client_id] = head_mapping(heads, self.tp_size, reg.tp_size)
-            except ValueError as e:
-                why = (f"room {reg.room}: decode tp_size {reg.tp_size} and prefill tp_size "
-                       f"{self.tp_size} cannot share {heads} KV heads: {e}")
-                self.server.send(client_id, m.RegisterRefused(reg.room, why))
-                return
-            logger.info("KV head mapping to decode %s (tp %d -> %d): %s", client_id, self.tp_size,
-                        reg.tp_size, describe(self.mappings[client_id]))
-        super()._on_register(client_id, reg, now)
+    def _add_peer(self, reg: m.Register) -> str:
+        peer, mapping = self.writer.add_decode(reg)
+        if self.mappings.get(reg.client_id) != mapping:
+            self.mappings[reg.client_id] = mapping
+            logger.info("KV head mapping to decode %s (tp %d -> %d): %s", reg.client_id,
+                        self.tp_size, max(len(reg.ranks), 1), mapping)
+        return peer
 
     def _on_event(self, ev: Any, now: float) -> None:
         super()._on_event(ev, now)
@@ -100,31 +65,98 @@ class TPSenderManager(KVSenderManager):
             self.mappings.pop(ev.peer, None)  # a restarted decode may come back with another size
 
 
-class TPReceiverManager(KVReceiverManager):
-    """KVReceiverManager whose rooms' pages are scattered to the ranks on Success."""
+@dataclass
+class _Settling:
+    update: RoomUpdate
+    own: int  # partials rank 0 still needs
+    waiting: set[int]  # ranks > 0 whose KVSettled is outstanding
+    deadline: float
 
-    def __init__(self, transport: KVTransport, tp_size: int, scatter: PagesHook,
+
+class RankReceiverManager(KVReceiverManager):
+    def __init__(self, transport: KVTransport, link: TPLink, num_kv_heads: int,
                  **kwargs: Any) -> None:
         super().__init__(transport, **kwargs)
-        self.tp_size = tp_size  # sent in every Register (decode_manager reads it)
-        self._scatter = scatter
-        self._dst: dict[int, list[int]] = {}
+        self.link, self.heads, self.tp_size = link, num_kv_heads, link.tp_size
+        self._prefill_tp: OrderedDict[int, int] = OrderedDict()  # room -> its prefill's TP size
+        self._chunks: OrderedDict[int, int] = OrderedDict()  # room -> chunks (from the last one)
+        self._settling: dict[int, _Settling] = {}
 
-    def add_request(self, room: int, bootstrap_host: str, bootstrap_port: int,
-                    dst_pages: list[int], now: float, prefix_len: int = 0) -> RoomUpdate | None:
-        # dst_pages are the pages registered (after a decode-side prefix hit): the scatter
-        # moves only those; reused pages are on every rank already
-        fail = super().add_request(room, bootstrap_host, bootstrap_port, dst_pages, now,
-                                   prefix_len)
-        if fail is None:
-            self._dst[room] = list(dst_pages)
-        return fail
+    @property
+    def rank_agents(self) -> list[m.RankAgent]:
+        """Sent in Register: empty for TP 1 (the Register's own agent holds every head)."""
+        return [] if self.tp_size == 1 else self.link.agents()
+
+    def _on_event(self, ev: Any, now: float) -> None:
+        msg = getattr(ev, "msg", None)
+        if isinstance(msg, m.RegisterAck) and msg.room in self.rooms:
+            _remember(self._prefill_tp, msg.room, msg.tp_size)
+        super()._on_event(ev, now)
+
+    def _on_notif(self, data: bytes, now: float) -> None:
+        if self.link.kv.drain([data]):  # not a partial: the chunk's own notification
+            n = m.parse_kv_notif(data)
+            if n is not None and n.last and n.room in self.rooms:
+                _remember(self._chunks, n.room, n.chunk + 1)
+            super()._on_notif(data, now)
 
     def poll(self, now: float) -> list[RoomUpdate]:
-        updates = super().poll(now)
-        for u in updates:
+        out: list[RoomUpdate] = []
+        for u in super().poll(now):
             if u.phase == "Success":
-                self._scatter(self._dst.pop(u.room))  # before the engine decodes from them
-            elif u.pages_releasable:
-                self._dst.pop(u.room, None)
-        return updates
+                self._settle(u, now)
+                continue
+            if u.pages_releasable:
+                self._prefill_tp.pop(u.room, None)
+                self._chunks.pop(u.room, None)
+            out.append(u)
+        return out + self._settled(now)
+
+    def _settle(self, u: RoomUpdate, now: float) -> None:
+        prefill_tp = self._prefill_tp.pop(u.room, 1)
+        chunks = self._chunks.pop(u.room, 1)
+        slices = head_mapping(self.heads, prefill_tp, self.tp_size)  # prefill checked the pair
+        counts = [partials_expected(slices, d, chunks) for d in range(self.tp_size)]
+        waiting = set(range(1, self.tp_size))
+        if waiting:
+            from sglang_pd.engine.tp.messages import KVSettle
+
+            self.link.send(KVSettle(u.room, counts))
+        self._settling[u.room] = _Settling(u, counts[0], waiting, now + SETTLE_TIMEOUT_S)
+
+    def _settled(self, now: float) -> list[RoomUpdate]:
+        from sglang_pd.engine.tp.messages import KVSettled
+
+        for msg in self.link.recv():
+            if not isinstance(msg, KVSettled):
+                continue
+            s = self._settling.get(msg.room)
+            if s is None:
+                continue
+            if not msg.ok:
+                logger.error("room %d: %s; the ranks are out of step", msg.room, msg.error)
+                self.link.broken = True
+            s.waiting.discard(msg.rank)
+        out = []
+        for room, s in list(self._settling.items()):
+            if s.own == 0 or self.link.kv.take_partials(room, s.own):
+                s.own = 0
+                if not s.waiting:
+                    out.append(s.update)
+                    del self._settling[room]
+                    continue
+            if now > s.deadline:
+                logger.error("room %d: not every rank's KV arrived within %gs; the ranks are "
+                             "out of step", room, SETTLE_TIMEOUT_S)
+                self.link.broken = True  # the engine exits (TPRanks.failure)
+                s.deadline = float("inf")  # said once
+        return out
+
+
+SETTLE_TIMEOUT_S = 30.0
+
+
+def _remember(d: OrderedDict[int, int], room: int, value: int) -> None:
+    d[room] = value
+    while len(d) > ROOMS_KEPT:
+        d.popitem(last=False)

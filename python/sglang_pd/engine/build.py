@@ -24,7 +24,6 @@ from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.pd import PDHooks, create_pd_hooks
-from sglang_pd.engine.tp.kv_move import TPKVMover
 from sglang_pd.engine.prefill_graph import prefill_graph_reserve_bytes, short_prefill_graph_grid
 from sglang_pd.engine.stop import StopChecker
 from sglang_pd.engine.warmup import warm_up
@@ -97,13 +96,11 @@ def build_engine(args: ServerArgs, tp: TPGroup | None = None) -> EngineParts:
     prefill_grid = short_prefill_graph_grid(args, graph_bs > 0 and attention.supports_prefill_graph)
     if prefill_grid is not None:
         graph_reserve += prefill_graph_reserve_bytes(prefill_grid, cfg, dtype)
-    pd_tp = tp is not None and tp.size > 1 and args.disaggregation_mode != "colocated"
-    staging_heads = cfg.num_kv_heads if pd_tp else 0
     num_pages = pool_pages(
         max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
         device=args.device, page_size=args.page_size,
-        # PD with TP: rank 0 also keeps an all-heads staging copy of the pool (tp/kv_move.py)
-        bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, kv_heads + staging_heads,
+        # this rank's KV heads only, PD or not (PD with TP writes rank to rank: tp/rank_kv.py)
+        bytes_per_token=KVPool.bytes_per_token(cfg.num_layers, kv_heads,
                                                cfg.head_dim, dtype),
         reserved_bytes=graph_reserve,  # graphs are captured after the pool: kept out before it
     )
@@ -130,10 +127,10 @@ def build_engine(args: ServerArgs, tp: TPGroup | None = None) -> EngineParts:
     )
     stop_checker = StopChecker(None if args.skip_tokenizer_init else args.tokenizer_dir,
                                list(cfg.eos_token_ids), context_length)
-    mover = TPKVMover(runner, kv_pool, tp, cfg.num_kv_heads) if pd_tp and tp is not None else None
     pd = create_pd_hooks(args.disaggregation_mode, scheduler, args.page_size, kv_pool.kv_buffer,
                          args.host, args.disaggregation_bootstrap_port,
-                         args.num_reserved_decode_tokens, args.max_running_requests, mover)
+                         args.num_reserved_decode_tokens, args.max_running_requests, runner,
+                         tp.size if tp is not None else 1, cfg.num_kv_heads)
     logger.info("engine ready: %s, %d KV pages x %d tokens, dtype %s", cfg.architecture,
                 num_pages - 1, args.page_size, dtype)
     return EngineParts(model, cfg, context_length, kv_pool, scheduler.allocator, max_total_num_tokens, runner,

@@ -24,7 +24,6 @@ from sglang_pd.protocol import FAKE_BOOTSTRAP_HOST, GenerateReq
 if TYPE_CHECKING:
     import torch
 
-    from sglang_pd.engine.tp.kv_move import TPKVMover
 
 
 class PDHooks(Protocol):
@@ -121,39 +120,36 @@ def failure_status(update: RoomUpdate) -> int:
     return update.failure.http_status if update.failure is not None else 502
 
 
-def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: torch.Tensor, host: str,
-                    bootstrap_port: int, num_reserved_decode_tokens: int, max_running: int,
-                    kv_mover: TPKVMover | None = None) -> PDHooks:
-    """The hooks for ``--mode``, with the NIXL transport for the PD modes. With tensor
-    parallelism (``kv_mover``), NIXL moves rank 0's all-heads staging copy (engine/tp/kv_move.py)."""
+def create_pd_hooks(mode: str, scheduler: Scheduler, page_size: int, kv_buffer: torch.Tensor,
+                    host: str, bootstrap_port: int, num_reserved_decode_tokens: int,
+                    max_running: int, runner: Any, tp_size: int, num_kv_heads: int) -> PDHooks:
+    """The hooks for ``--mode``. PD modes: every rank of the server (``tp_size``, 1 included)
+    has its own NIXL agent over its own pool and writes its own KV heads (engine/tp/rank_kv.py,
+    docs/disaggregation.md section 11); ``runner`` is rank 0's, through which the other ranks
+    are reached once they attach."""
     if mode == "colocated":
         return NullPD()
     import os
-    import uuid
 
     from sglang_pd.disaggregation.envs import DisaggEnvs
-    from sglang_pd.disaggregation.transfer.base import KVTransport
+    from sglang_pd.disaggregation.tp_sides import RankReceiverManager, RankSenderManager
     from sglang_pd.disaggregation.transfer.faults import maybe_wrap
-    from sglang_pd.disaggregation.transfer.nixl_transport import NixlKVTransport
+    from sglang_pd.engine.tp.rank_kv import RankKV, TPLink
+    from sglang_pd.engine.tp.rank_writer import RankWriteTransport
 
-    from sglang_pd.disaggregation.tp_sides import GatherTransport, TPReceiverManager, TPSenderManager
-
-    buffer = kv_mover.staging if kv_mover is not None else kv_buffer
-    tp_size = kv_mover.group.size if kv_mover is not None else 1
-    transport: KVTransport = NixlKVTransport(f"{mode}-{uuid.uuid4().hex[:12]}", buffer)
-    transport = maybe_wrap(transport, dict(os.environ))  # fault-injection tests only
+    link = TPLink(runner, RankKV.create(mode, 0, kv_buffer), tp_size)
+    envs = DisaggEnvs.load()
     if mode == "prefill":
         from sglang_pd.engine.pd_prefill import PrefillSide
 
-        transport = GatherTransport(transport, kv_mover.gather if kv_mover is not None else None)
-        return PrefillSide(scheduler, page_size, TPSenderManager(
-            transport, tp_size, envs=DisaggEnvs.load(), bootstrap_host=host,
-            bootstrap_port=bootstrap_port))
-    from sglang_pd.disaggregation.decode_manager import KVReceiverManager
+        writer = RankWriteTransport(link, num_kv_heads)
+        transport = maybe_wrap(writer, dict(os.environ))  # fault-injection tests only
+        return PrefillSide(scheduler, page_size, RankSenderManager(
+            transport, writer, envs=envs, bootstrap_host=host, bootstrap_port=bootstrap_port))
     from sglang_pd.engine.pd_decode import DecodeSide
 
-    mgr = (KVReceiverManager(transport, envs=DisaggEnvs.load()) if kv_mover is None else
-           TPReceiverManager(transport, tp_size, kv_mover.scatter, envs=DisaggEnvs.load()))
+    mgr = RankReceiverManager(maybe_wrap(link.kv.transport, dict(os.environ)), link, num_kv_heads,
+                              envs=envs)
     return DecodeSide(scheduler, page_size, mgr,
                       reserved_pages=pages_for(num_reserved_decode_tokens, page_size),
                       max_running=max_running)

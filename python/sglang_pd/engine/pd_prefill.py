@@ -139,7 +139,9 @@ class PrefillSide:
         sent, skipped = self.mgr.pages_sent_total, self.mgr.pages_skipped_total
         return {**self.stats_.as_dict(), "num_prefill_bootstrap_queue_reqs": len(self.bootstrapping),
                 # KV moved to decodes, and what decode-side reuse spared (disaggregation/decode_reuse.py)
-                "kv_transfer_pages_total": sent, "kv_transfer_bytes_total": sent * bpp,
+                "kv_transfer_pages_total": sent,
+                # NIXL bytes: the per-rank TP transport counts its slices (tp/rank_writer.py)
+                "kv_transfer_bytes_total": getattr(self.mgr.transport, "bytes_posted", sent * bpp),
                 "kv_transfer_skipped_pages_total": skipped,
                 "kv_transfer_skipped_bytes_total": skipped * bpp,
                 "num_prefill_inflight_queue_reqs": inflight,

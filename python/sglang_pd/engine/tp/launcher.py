@@ -29,12 +29,12 @@ import zmq
 
 from sglang_pd.engine.tp.group import JOIN_TIMEOUT_S, make_group, make_store, share_cpu_threads
 from sglang_pd.engine.tp.messages import (
-    KVGather,
-    KVScatter,
-    StepPlan,
+    FromRank,
     TPInit,
+    TPReady,
     TPShutdown,
-    decode_ready,
+    ToRank,
+    decode_from_rank,
     encode,
     plan_addr,
     ready_addr,
@@ -91,7 +91,8 @@ class TPRanks:
     # a forward failed on rank 0: the ranks may be inside a collective rank 0 left, so the
     # group is out of step for good and the engine must exit (engine_process polls this)
     broken: bool = False
-    kv_mover: Any = None  # PD with TP: rank 0's TPKVMover (its ``broken`` counts too)
+    kv_link: Any = None  # PD: rank 0's TPLink (engine/tp/rank_kv.py; its ``broken`` counts too)
+    rank_agents: dict[int, Any] = field(default_factory=dict)  # per-rank PD: each rank's agent
     _closed: bool = False
 
     # ------------------------------------------------------------------ start-up
@@ -141,7 +142,9 @@ class TPRanks:
             sock.send(encode(TPInit(num_pages)))
         self._wait_all("ready", self.ready_timeout_s)
         runner.step_sink = self.send  # type: ignore[attr-defined]
-        self.kv_mover = getattr(runner, "tp_kv_mover", None)  # PD servers only (kv_move.py)
+        runner.tp_back = self.recv_back  # type: ignore[attr-defined]  # per-rank PD reports
+        runner.tp_rank_agents = self.rank_agents  # type: ignore[attr-defined]
+        self.kv_link = getattr(runner, "tp_kv_link", None)  # PD servers only (rank_kv.py)
         forward = runner.forward  # type: ignore[attr-defined]
 
         def guarded(batch: object) -> object:
@@ -158,7 +161,11 @@ class TPRanks:
         deadline = time.monotonic() + timeout_s
         while waiting:
             if self.ready_sock.poll(200):
-                msg = decode_ready(self.ready_sock.recv())
+                msg = decode_from_rank(self.ready_sock.recv())
+                if not isinstance(msg, TPReady):
+                    continue
+                if msg.kv_agent is not None:
+                    self.rank_agents[msg.rank] = msg.kv_agent
                 if not msg.ok:
                     raise TPStartError(f"tensor-parallel rank {msg.rank} failed to start: {msg.error}")
                 if msg.stage == stage:
@@ -173,7 +180,7 @@ class TPRanks:
                                    f"{timeout_s:g}s")
 
     # ------------------------------------------------------------------ serving
-    def send(self, plan: StepPlan | KVGather | KVScatter) -> None:
+    def send(self, plan: ToRank) -> None:
         """Every other rank gets ``plan``. Raises (the step fails, its requests end with an
         error, and the engine loop's failure check takes the server down) when a rank has died
         or the group is out of step: a send to a dead rank would otherwise block the loop."""
@@ -193,6 +200,14 @@ class TPRanks:
         self.stats.bytes += len(data)
         self.stats.seconds += time.perf_counter() - t0
 
+    def recv_back(self) -> list[FromRank]:
+        """The ranks' per-rank PD reports since the last call (never blocks; rank 0's engine
+        thread only, as the start-up waits are over)."""
+        out = []
+        while self.ready_sock.poll(0):
+            out.append(decode_from_rank(self.ready_sock.recv()))
+        return out
+
     def dead_rank(self) -> int | None:
         """A rank whose process has exited, if any."""
         return next((r for r, p in self.procs.items() if p.poll() is not None), None)
@@ -202,8 +217,8 @@ class TPRanks:
         dead = self.dead_rank()
         if dead is not None:
             return f"tensor-parallel rank {dead} died (exit code {self.procs[dead].returncode})"
-        if self.kv_mover is not None and self.kv_mover.broken:
-            return "a KV gather/scatter failed on rank 0; the ranks are out of step"
+        if self.kv_link is not None and self.kv_link.broken:
+            return "a rank-to-rank KV transfer failed on rank 0; the ranks are out of step"
         return "a forward failed on rank 0; the ranks are out of step" if self.broken else None
 
     # ------------------------------------------------------------------ shutdown

@@ -1,8 +1,10 @@
 """The typed messages between rank 0 and the other tensor-parallel ranks (msgpack; never pickle).
 
 rank 0 -> rank r (PUSH/PULL, one socket per rank, in order): TPInit once, then a StepPlan per
-forward (in PD mode also KVGather / KVScatter between forwards), then TPShutdown.
-rank r -> rank 0 (one PULL for all): TPReady at each start-up stage.
+forward (in PD mode also the KV messages between forwards: KVPeers / KVWrite / KVCancel /
+KVDropPeer / KVSettle, rank_kv.py), then TPShutdown. Every rank gets every message; a KV message names the rank(s) it concerns.
+rank r -> rank 0 (one PULL for all): TPReady at each start-up stage, then (per-rank PD) a
+KVWriteDone per KVWrite it had writes in, and a KVSettled per KVSettle.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 
 import msgspec
 
+from sglang_pd.disaggregation.messages import RankAgent
 from sglang_pd.protocol import encode as encode  # the one msgpack encoder, re-exported for the ranks
 
 
@@ -32,17 +35,64 @@ class StepPlan(msgspec.Struct, tag="step"):
     pages: list[list[int]]  # each request's KV pages (same page numbers on every rank)
 
 
-class KVGather(msgspec.Struct, tag="kv_gather"):
-    """PD prefill with TP: send rank 0 your KV heads of ``pages`` (a gather collective right
-    after this message, in plan order; engine/tp/kv_move.py)."""
+class SliceWrite(msgspec.Struct):
+    """One NIXL WRITE of heads [src_lo, src_lo + width) of ``src_pages`` in prefill rank
+    ``src_rank``'s pool to heads [dst_lo, ...) of ``dst_pages`` in agent ``peer``'s pool."""
 
-    pages: list[int]
+    src_rank: int
+    peer: str  # the decode rank's agent name (loaded by KVPeers)
+    src_pages: list[int]
+    dst_pages: list[int]
+    src_lo: int
+    dst_lo: int
+    width: int
+    whole: bool  # both pools hold exactly these heads: whole-page descriptors
+    notif: bytes
 
 
-class KVScatter(msgspec.Struct, tag="kv_scatter"):
-    """PD decode with TP: take your KV heads of ``pages`` from rank 0 (a scatter collective)."""
+class KVPeers(msgspec.Struct, tag="kv_peers"):
+    """PD prefill, per-rank: load these decode ranks' agents (a decode's first Register)."""
 
-    pages: list[int]
+    agents: list[RankAgent]
+
+
+class KVDropPeer(msgspec.Struct, tag="kv_drop_peer"):
+    agent_names: list[str]
+
+
+class KVWrite(msgspec.Struct, tag="kv_write"):
+    """Post your slices of transfer ``xfer`` (those with src_rank == your rank)."""
+
+    xfer: int
+    writes: list[SliceWrite]
+
+
+class KVCancel(msgspec.Struct, tag="kv_cancel"):
+    xfer: int
+
+
+class KVSettle(msgspec.Struct, tag="kv_settle"):
+    """PD decode, per-rank: answer KVSettled once your agent has had ``counts[rank]`` partial
+    notifications for ``room`` (tp_slices.py)."""
+
+    room: int
+    counts: list[int]
+
+
+class KVWriteDone(msgspec.Struct, tag="kv_write_done"):
+    """Every write of ``xfer`` on ``rank`` has ended (ok: all landed)."""
+
+    rank: int
+    xfer: int
+    ok: bool
+    error: str = ""
+
+
+class KVSettled(msgspec.Struct, tag="kv_settled"):
+    rank: int
+    room: int
+    ok: bool
+    error: str = ""
 
 
 class TPShutdown(msgspec.Struct, tag="shutdown"):
@@ -54,20 +104,22 @@ class TPReady(msgspec.Struct, tag="ready"):
     stage: str  # "joined": process up, about to join the group; "ready": model and pool built
     ok: bool = True
     error: str = ""
+    kv_agent: RankAgent | None = None  # per-rank PD, with "ready": this rank's NIXL agent
 
 
-ToRank = TPInit | StepPlan | KVGather | KVScatter | TPShutdown
+ToRank = TPInit | StepPlan | KVPeers | KVDropPeer | KVWrite | KVCancel | KVSettle | TPShutdown
+FromRank = TPReady | KVWriteDone | KVSettled
 
 _to_rank = msgspec.msgpack.Decoder(ToRank)
-_ready = msgspec.msgpack.Decoder(TPReady)
+_from_rank = msgspec.msgpack.Decoder(FromRank)
 
 
 def decode_to_rank(data: bytes) -> ToRank:
     return _to_rank.decode(data)
 
 
-def decode_ready(data: bytes) -> TPReady:
-    return _ready.decode(data)
+def decode_from_rank(data: bytes) -> FromRank:
+    return _from_rank.decode(data)
 
 
 def plan_addr(ipc_dir: str, rank: int) -> str:

@@ -1,7 +1,7 @@
 """A tensor-parallel rank > 0: ``python -m sglang_pd.engine.tp.worker ARGS_FILE RANK PORT PARENT``.
 
 It holds its shard of the weights and of the KV heads, and runs rank 0's plans: one forward per
-StepPlan, in order, and its part of a PD server's KV gather/scatter (kv_move.py); nothing else
+StepPlan, in order, and on a PD server its own KV writes and settles (rank_kv.py); nothing else
 (no scheduler, no sampler, no HTTP). It exits on TPShutdown, when rank 0 dies (PR_SET_PDEATHSIG,
 and a parent check while idle), or when a forward fails (its peers' collectives then fail at
 once instead of hanging, and rank 0 takes the server down).
@@ -24,10 +24,13 @@ from sglang_pd.engine.build import cpu_aware_dtype
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.model_runner import ModelRunner
 from sglang_pd.engine.tp.group import JOIN_TIMEOUT_S, make_group, make_store, share_cpu_threads
-from sglang_pd.engine.tp.kv_move import serve_kv_move
+from sglang_pd.engine.tp.rank_kv import RankKV, RankKVService
 from sglang_pd.engine.tp.messages import (
-    KVGather,
-    KVScatter,
+    KVCancel,
+    KVDropPeer,
+    KVPeers,
+    KVSettle,
+    KVWrite,
     StepPlan,
     TPInit,
     TPReady,
@@ -44,6 +47,7 @@ from sglang_pd.server_args import ServerArgs
 logger = logging.getLogger("sglang_pd.engine.tp")
 
 IDLE_POLL_MS = 500
+BUSY_POLL_MS = 1  # per-rank PD: writes or a settle in flight, checked this often
 PR_SET_PDEATHSIG = 1
 
 
@@ -79,20 +83,29 @@ def main(argv: list[str]) -> int:
         ready.send(encode(TPReady(rank, "ready", False, f"{type(exc).__name__}: {exc}")))
         ready.close(linger=2000)
         return 1
-    ready.send(encode(TPReady(rank, "ready")))
+    kv = getattr(runner, "tp_rank_kv", None)
+    ready.send(encode(TPReady(rank, "ready", kv_agent=kv.kv.agent() if kv is not None else None)))
     try:
-        return _serve(runner, plans, parent)
+        return _serve(runner, plans, ready, parent)
     finally:
         plans.close(linger=0)
         ready.close(linger=0)
         ctx.term()
 
 
-def _recv(plans: zmq.Socket, parent: int) -> object:
-    while plans.poll(IDLE_POLL_MS) == 0:
+def _recv(plans: zmq.Socket, parent: int, kv: RankKVService | None = None,
+          ready: zmq.Socket | None = None) -> object:
+    while plans.poll(BUSY_POLL_MS if kv is not None and kv.busy else IDLE_POLL_MS) == 0:
         if os.getppid() != parent:
             raise SystemExit("rank 0 is gone")
+        if kv is not None and ready is not None:
+            _report(ready, kv.progress())
     return decode_to_rank(plans.recv())
+
+
+def _report(ready: zmq.Socket, msgs: list) -> None:
+    for msg in msgs:
+        ready.send(encode(msg))
 
 
 def _build(args: ServerArgs, rank: int, port: int, plans: zmq.Socket, parent: int) -> ModelRunner:
@@ -113,16 +126,20 @@ def _build(args: ServerArgs, rank: int, port: int, plans: zmq.Socket, parent: in
                   cfg.head_dim, dtype, args.device)
     runner = ModelRunner(model, pool, attention, max_positions=cfg.max_position_embeddings)
     runner.tp_store = store  # type: ignore[attr-defined]  # alive as long as the group
-    runner.tp_group = group  # type: ignore[attr-defined]  # PD: KV gather/scatter (kv_move.py)
+    if args.disaggregation_mode != "colocated":
+        # this rank's own NIXL agent over its own pool (rank_kv.py)
+        runner.tp_rank_kv = RankKVService(  # type: ignore[attr-defined]
+            RankKV.create(args.disaggregation_mode, rank, pool.kv_buffer), rank)
     logger.info("rank %d ready: %d of %d KV heads, %d pages", rank, local_kv_heads(cfg, group),
                 cfg.num_kv_heads, init.num_pages)
     return runner
 
 
-def _serve(runner: ModelRunner, plans: zmq.Socket, parent: int) -> int:
+def _serve(runner: ModelRunner, plans: zmq.Socket, ready: zmq.Socket, parent: int) -> int:
     steps = 0
+    kv: RankKVService | None = getattr(runner, "tp_rank_kv", None)
     while True:
-        msg = _recv(plans, parent)
+        msg = _recv(plans, parent, kv, ready)
         if isinstance(msg, TPShutdown):
             logger.info("stopping after %d steps (%s)", steps, msg.reason or "shutdown")
             return 0
@@ -133,12 +150,11 @@ def _serve(runner: ModelRunner, plans: zmq.Socket, parent: int) -> int:
                 logger.exception("forward failed; this rank exits (rank 0 takes the server down)")
                 return 1
             steps += 1
-        elif isinstance(msg, KVGather | KVScatter):
-            try:
-                serve_kv_move(msg, runner.kv_pool, runner.tp_group)  # type: ignore[attr-defined]
-            except Exception:
-                logger.exception("KV %s failed; this rank exits", type(msg).__name__)
+        elif isinstance(msg, KVPeers | KVDropPeer | KVWrite | KVCancel | KVSettle):
+            if kv is None:
+                logger.error("got %s but this rank has no NIXL agent; exiting", type(msg).__name__)
                 return 1
+            _report(ready, kv.handle(msg))
 
 
 if __name__ == "__main__":
