@@ -192,7 +192,9 @@ def test_a_dead_decode_rank_takes_the_decode_down_and_prefill_frees_every_page(s
     took = time.monotonic() - start
     for t in threads:
         t.join(60)
-    assert code != 0 and took < 15, (code, took)
+    # proc.wait(30) is the hang guard; how fast it exits is printed, not asserted (no timing
+    # bars in the suite: issue 32)
+    assert code != 0, (code, took)
     assert len(results) == 3
     for r in results:  # an error, never a hang or a full answer from the dead decode
         assert isinstance(r, httpx.HTTPError) or r.decode_status >= 500, r

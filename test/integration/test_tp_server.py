@@ -91,7 +91,10 @@ def test_a_dead_rank_takes_the_server_down(tiny_llama_kv1: str, tmp_path) -> Non
         code = server.proc.wait(30)
         took = time.monotonic() - start
         t.join(30)
-        assert code != 0 and took < 15, (code, took)
+        # proc.wait(30) is the hang guard; how fast it exits is printed, not asserted (no timing
+        # bars in the suite: issue 32)
+        print(f"server exited in {took:.1f}s (code {code})")
+        assert code != 0, (code, took)
         r = result["r"]  # the client gets an error, not a hang and not a full answer
         assert isinstance(r, httpx.HTTPError) or r.status_code >= 500, r
         with pytest.raises(httpx.HTTPError):
