@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_pd.sim.cli import PolicyPair, add_common, cluster_spec, cost_of, slo_of, workload_of
+from sglang_pd.sim.cli import (PolicyPair, add_common, cluster_spec, cost_of, decode_cost_of, mixed_tp, slo_of,
+                               workload_of)
 from sglang_pd.sim.cluster import Cluster
 from sglang_pd.sim.profiles import StepCost
 from sglang_pd.sim.report import (class_ttft, format_class_ttft, format_run, metrics, plot_policy_sweep,
@@ -33,10 +34,12 @@ def _ints(text: str) -> list[int]:
 def cmd_run(a: argparse.Namespace) -> int:
     spec = cluster_spec(a)
     wl = workload_of(a)
-    res = Cluster(spec, cost_of(a)).run(wl, progress=not a.no_progress)
+    res = Cluster(spec, cost_of(a), decode_cost_of(a)).run(wl, progress=not a.no_progress)
     results, m = metrics(res, slo_of(a), a.long_threshold)
-    info = run_info(res, spec.describe(), a.qps, {"workload": a.trace or a.mix, "profile": a.profile})
+    info = run_info(res, spec.describe(), a.qps, {"workload": a.trace or a.mix, "profile": a.profile,
+                                                  "gpus": spec.num_gpus})
     print(format_run(m, info))
+    print(f"cluster: {spec.describe()} on {spec.num_gpus} GPUs")
     if spec.slo_ttft_s_long is not None or spec.pool_controller is not None:
         print("per class (threshold", spec.routing.short_prefill_threshold, "new tokens):")
         print(format_class_ttft(class_ttft(res, spec.cfg.slo_ttft_s)))
@@ -57,7 +60,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_sweep(a: argparse.Namespace) -> int:
     pairs = [PolicyPair.parse(p) for p in a.policies.split(",")]
     specs = {str(p): cluster_spec(a, p.prefill, p.decode, p.exact or a.exact) for p in pairs}
-    points = sweep(a.qps_list, specs, lambda: cost_of(a), lambda q: workload_of(a, q), slo_of(a), a.long_threshold)
+    points = sweep(a.qps_list, specs, lambda: cost_of(a), lambda q: workload_of(a, q), slo_of(a), a.long_threshold,
+                   decode_cost_factory=lambda: decode_cost_of(a))
     if a.output_dir:
         out = Path(a.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -75,44 +79,52 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
-def _tp_choices(a: argparse.Namespace) -> list[tuple[str, int, argparse.Namespace]]:
-    """(label prefix, GPUs per instance, flags) per TP size the planner may choose (--tp-choices:
-    each instance runs TP N on N GPUs, its step costs from the analytic model at TP N)."""
+def _tp_choices(a: argparse.Namespace) -> list[tuple[str, int, int, argparse.Namespace]]:
+    """(label prefix, GPUs per prefill instance, per decode instance, flags) per TP pair the planner
+    may choose. --tp-choices: every prefill TP x decode TP from the list (real PD clusters run e.g.
+    P at TP2, D at TP1), each instance on TP GPUs with the analytic model's step costs at its TP."""
     if not a.tp_choices:
-        return [("", a.gpus_per_instance, a)]
+        gpi = a.gpus_per_instance
+        return [("", gpi, gpi if a.decode_tp is None else a.decode_tp, a)]
     hw = a.profile.partition("@")[2]
     if not hw or "x" in hw or a.profile.endswith(".json"):
         raise ValueError(f"--tp-choices needs an analytic MODEL@HW profile without xTP, got {a.profile!r}")
-    out = []
+    fits = []
     for tp in a.tp_choices:
-        at = argparse.Namespace(**{**vars(a), "tp": tp})
         try:
-            cost_of(at)  # a size the model does not fit (weights > memory) is no choice
+            cost_of(argparse.Namespace(**{**vars(a), "tp": tp}))  # weights > memory: no choice
         except ValueError as e:
             print(f"TP{tp} skipped: {e}", file=sys.stderr)
             continue
-        out.append((f"TP{tp} ", tp, at))
-    return out
+        fits.append(tp)
+    return [(f"TP{tp} " if tp == dtp else f"TP{tp}/{dtp} ", tp, dtp,
+             argparse.Namespace(**{**vars(a), "tp": tp, "decode_tp": None if tp == dtp else dtp}))
+            for tp in fits for dtp in fits]
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
     pairs = [PolicyPair.parse(p) for p in a.policies.split(",")]
     cands = []
-    for tp_label, gpi, at in _tp_choices(a):
+    for tp_label, gp, gd, at in _tp_choices(a):
         def cost(at: argparse.Namespace = at) -> StepCost:
             return cost_of(at)
 
+        def d_cost(at: argparse.Namespace = at) -> StepCost | None:
+            return decode_cost_of(at)
+
         for p in pairs:
-            for n in range(1, a.max_gpus // gpi + 1):
-                if a.colocated_too or a.colocated:
-                    cands.append(PlanCandidate(f"{tp_label}{n} colocated {p}", n * gpi, cluster_spec(
+            if (a.colocated_too or a.colocated) and not mixed_tp(at):
+                for n in range(1, a.max_gpus // gp + 1):
+                    cands.append(PlanCandidate(f"{tp_label}{n} colocated {p}", n * gp, cluster_spec(
                         at, p.prefill, p.decode, p.exact, num_colocated=n), cost))
-                if not a.colocated:
-                    for n_p in range(1, n):
-                        cands.append(PlanCandidate(f"{tp_label}{n_p}P+{n - n_p}D {p}", n * gpi,
-                                                   cluster_spec(at, p.prefill, p.decode, p.exact,
-                                                                num_prefill=n_p, num_decode=n - n_p,
-                                                                num_colocated=0), cost))
+            if a.colocated:
+                continue
+            for n_p in range(1, (a.max_gpus - gd) // gp + 1):
+                for n_d in range(1, (a.max_gpus - n_p * gp) // gd + 1):
+                    cands.append(PlanCandidate(f"{tp_label}{n_p}P+{n_d}D {p}", n_p * gp + n_d * gd,
+                                               cluster_spec(at, p.prefill, p.decode, p.exact, num_prefill=n_p,
+                                                            num_decode=n_d, num_colocated=0),
+                                               cost, d_cost))
     if not cands:
         print(f"no candidate fits {a.max_gpus} GPUs at {a.gpus_per_instance} per instance", file=sys.stderr)
         return 2

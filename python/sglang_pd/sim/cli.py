@@ -21,7 +21,7 @@ from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.profile import load_profile
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.sim.cluster_spec import ClusterSpec
-from sglang_pd.sim.profiles import StepCost, build_cost, pads
+from sglang_pd.sim.profiles import StepCost, at_tp, build_cost, pads, profile_tp
 from sglang_pd.sim.workload import Workload, from_trace, parse_mix, synthetic
 from sglang_pd.utils.flags import add_flags, from_flags
 
@@ -48,6 +48,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     c.add_argument("--profile", default="llama-3-8b@h100",
                    help="cost profile: MODEL@HW[xTP] (analytic), minimax-m2.5@h200x4 (Kairos-calibrated), or a profile .json")
     c.add_argument("--tp", type=int, default=1, help="GPUs per instance when --profile names none")
+    c.add_argument("--decode-tp", type=int, default=None,
+                   help="TP size of the decode instances (default: prefill's); their step costs come from "
+                        "the analytic model at that size (needs a MODEL@HW[xTP] profile)")
     c.add_argument("--kv-capacity-tokens", type=int, help="KV pool per instance (default: from the memory model)")
     c.add_argument("--kv-bytes-per-token", type=float, help="KV bytes per token (default: from the model shape)")
     c.add_argument("--noise", type=float, default=0.0, help="relative std of step times (ground truth)")
@@ -117,10 +120,15 @@ def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decod
                                       min_per_pool=a.controller_min_per_pool,
                                       queue_ref_s_short=refs[0] if refs else base.queue_ref_s_short,
                                       queue_ref_s_long=refs[1] if refs else base.queue_ref_s_long)
+    n_c = a.colocated if num_colocated is None else num_colocated
+    if a.decode_tp is not None:
+        at_tp(a.profile, a.decode_tp)  # a profile that fixes its TP says so before anything is read
+    if n_c and mixed_tp(a):
+        raise ValueError("--decode-tp is for PD clusters; colocated instances have one TP size (--tp)")
     if a.slo_ttft_ms_long is not None and not a.slo_ttft_ms_long > 0:
         raise ValueError(f"--slo-ttft-ms-long must be > 0, got {a.slo_ttft_ms_long}")
     return ClusterSpec(num_prefill=n_p, num_decode=a.decode if num_decode is None else num_decode,
-                       num_colocated=a.colocated if num_colocated is None else num_colocated, prefill_roles=roles,
+                       num_colocated=n_c, prefill_roles=roles,
                        prefill_policy=prefill_policy or a.prefill_policy, decode_policy=decode_policy or a.decode_policy,
                        router_prefill=a.router_prefill, router_decode=a.router_decode, routing=routing, cfg=cfg,
                        exact=a.exact if exact is None else exact, prefix_cache_tokens=a.prefix_cache_tokens,
@@ -128,11 +136,30 @@ def cluster_spec(a: argparse.Namespace, prefill_policy: str | None = None, decod
                        num_reserved_decode_tokens=a.num_reserved_decode_tokens, link_gb_s=a.link_gb_s,
                        link_latency_ms=a.link_latency_ms, pd_timeout_s=a.pd_timeout_s,
                        slo_ttft_s_long=a.slo_ttft_ms_long / 1e3 if a.slo_ttft_ms_long else None,
-                       pool_controller=controller, seed=a.seed)
+                       pool_controller=controller, seed=a.seed, prefill_tp=profile_tp(a.profile, a.tp),
+                       decode_tp=decode_tp_of(a))
 
 
 def cost_of(a: argparse.Namespace) -> StepCost:
     return build_cost(a.profile, a.tp, a.kv_capacity_tokens, a.kv_bytes_per_token, a.noise, a.seed)
+
+
+def decode_tp_of(a: argparse.Namespace) -> int:
+    return profile_tp(a.profile, a.tp) if a.decode_tp is None else a.decode_tp
+
+
+def mixed_tp(a: argparse.Namespace) -> bool:
+    """Decode instances at another TP size than prefill's."""
+    return decode_tp_of(a) != profile_tp(a.profile, a.tp)
+
+
+def decode_cost_of(a: argparse.Namespace) -> StepCost | None:
+    """Decode instances' own step costs under ``--decode-tp``; None: they share prefill's."""
+    if a.decode_tp is None:
+        return None
+    # its own noise stream (seed + 1): the two sides' step times are independent
+    return build_cost(at_tp(a.profile, a.decode_tp), a.decode_tp, a.kv_capacity_tokens, a.kv_bytes_per_token,
+                      a.noise, a.seed + 1)
 
 
 def workload_of(a: argparse.Namespace, qps: float | None = None) -> Workload:

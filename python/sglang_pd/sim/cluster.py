@@ -39,16 +39,19 @@ def _cfg_for(base: PolicyConfig, role: str, prefill_role: str) -> PolicyConfig:
 
 
 class Cluster:
-    def __init__(self, spec: ClusterSpec, cost: StepCost) -> None:
+    def __init__(self, spec: ClusterSpec, cost: StepCost, decode_cost: StepCost | None = None) -> None:
+        """``decode_cost``: the decode instances' own step costs (another TP size than prefill's,
+        ``--decode-tp``); None: they share ``cost``. Colocated instances use ``cost``."""
         self.spec, self.cost = spec, cost
+        d_cost = decode_cost or cost
         self.transfer = TransferModel(cost.kv_bytes_per_token, spec.link_gb_s * 1e9, spec.link_latency_ms / 1e3)
         reserved = pages_for(spec.num_reserved_decode_tokens, spec.cfg.page_size)
 
         def make(i: int, role: str, prole: str = "both") -> Instance:
             size = spec.decode_prefix_cache_tokens if role == "decode" else spec.prefix_cache_tokens
             cache = PrefixCache(size) if size else None
-            return Instance(i, role, _cfg_for(spec.cfg, role, prole), cost, spec.prefill_policy, spec.decode_policy,
-                            spec.exact, cache, reserved)
+            return Instance(i, role, _cfg_for(spec.cfg, role, prole), d_cost if role == "decode" else cost,
+                            spec.prefill_policy, spec.decode_policy, spec.exact, cache, reserved)
 
         if spec.num_colocated:
             self.front = [make(i, "colocated") for i in range(spec.num_colocated)]

@@ -42,13 +42,25 @@ class ClusterSpec:
     slo_ttft_s_long: float | None = None
     pool_controller: ControllerConfig | None = None  # PLA's Alg. 2 over short/long prefill roles
     seed: int = 0
+    # GPUs per instance (TP size) of each side, for the GPU count; the step costs at those sizes
+    # are the Cluster's ``cost`` / ``decode_cost``. Colocated instances are prefill_tp wide.
+    prefill_tp: int = 1
+    decode_tp: int = 1
 
     @property
     def num_gpus_instances(self) -> int:
         return self.num_colocated or self.num_prefill + self.num_decode
 
+    @property
+    def num_gpus(self) -> int:
+        if self.num_colocated:
+            return self.num_colocated * self.prefill_tp
+        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
+
     def describe(self) -> str:
         shape = f"{self.num_colocated} colocated" if self.num_colocated else f"{self.num_prefill}P+{self.num_decode}D"
+        if not self.num_colocated and self.prefill_tp != self.decode_tp:
+            shape += f" (TP{self.prefill_tp}/TP{self.decode_tp})"
         return f"{shape} {self.prefill_policy}+{self.decode_policy}{' exact' if self.exact else ''}"
 
 

@@ -163,6 +163,28 @@ def fit_measured_prefill(prof: Profile) -> tuple[PrefillCoeffs, float]:
 PRESETS = ("minimax-m2.5@h200x4", "MODEL@HW[xTP] for MODEL in hardware.MODELS, HW in hardware.HARDWARE")
 
 
+def profile_tp(spec: str, tp: int = 1) -> int:
+    """GPUs per instance of a profile: its ``xTP`` or the preset's, else ``tp`` (a JSON's is
+    what it was measured at, which the file does not say)."""
+    if spec in ("minimax-m2.5@h200x4", "kairos"):
+        return 4
+    tps = spec.partition("@")[2].partition("x")[2]
+    return int(tps) if tps and not spec.endswith(".json") else tp
+
+
+def at_tp(spec: str, tp: int) -> str:
+    """The analytic profile ``spec`` at TP ``tp`` (its own ``xTP``, if any, replaced): how decode
+    instances get another TP size than prefill (``--decode-tp``). A profile JSON or preset fixes
+    its TP (the times were measured or calibrated there), so it has no other size."""
+    model, sep, hw = spec.partition("@")
+    if spec.endswith(".json") or spec in ("minimax-m2.5@h200x4", "kairos") or not sep:
+        raise ValueError(f"--decode-tp needs an analytic MODEL@HW[xTP] profile; {spec!r} fixes its TP "
+                         "(drop --decode-tp, or give MODEL@HW)")
+    if tp < 1:
+        raise ValueError(f"TP must be >= 1, got {tp}")
+    return f"{model}@{hw.partition('x')[0]}x{tp}"
+
+
 def build_cost(spec: str, tp: int = 1, kv_capacity_tokens: int | None = None,
                kv_bytes_per_token: float | None = None, noise: float = 0.0, seed: int = 0) -> StepCost:
     """``spec``: a profile JSON path, ``minimax-m2.5@h200x4`` (Kairos-calibrated), or

@@ -26,21 +26,26 @@ class Point:
     wall_s: float
 
 
-def simulate(spec: ClusterSpec, cost_factory: Callable[[], StepCost], workload: Workload, slo: SloSpec,
-             long_threshold: int) -> tuple[BenchMetrics, float]:
-    res = Cluster(spec, cost_factory()).run(workload)
+CostFactory = Callable[[], StepCost]
+DecodeCostFactory = Callable[[], StepCost | None]  # None: decode shares prefill's step costs
+
+
+def simulate(spec: ClusterSpec, cost_factory: CostFactory, workload: Workload, slo: SloSpec,
+             long_threshold: int, decode_cost_factory: DecodeCostFactory | None = None) -> tuple[BenchMetrics, float]:
+    """``decode_cost_factory``: the decode side's own step costs (``--decode-tp``), else shared."""
+    res = Cluster(spec, cost_factory(), decode_cost_factory() if decode_cost_factory else None).run(workload)
     _, m = metrics(res, slo, long_threshold)
     return m, res.wall_s
 
 
 def sweep(qps_list: Sequence[float], specs: dict[str, ClusterSpec], cost_factory: Callable[[], StepCost],
           workload_at: Callable[[float], Workload], slo: SloSpec, long_threshold: int = 8192,
-          log: Callable[[str], None] = print) -> list[Point]:
+          log: Callable[[str], None] = print, decode_cost_factory: DecodeCostFactory | None = None) -> list[Point]:
     points = []
     for qps in qps_list:
         wl = workload_at(qps)
         for label, spec in specs.items():
-            m, wall = simulate(spec, cost_factory, wl, slo, long_threshold)
+            m, wall = simulate(spec, cost_factory, wl, slo, long_threshold, decode_cost_factory)
             o = m.overall
             log(f"qps {qps:7.3f}  {label:<28} E2E {100 * (o.slo_attainment or 0):6.1f}%  TTFT "
                 f"{100 * (o.ttft_attainment or 0):6.1f}%  TPOT {100 * (o.tpot_attainment or 0):6.1f}%  "
@@ -55,7 +60,8 @@ class PlanCandidate:
     label: str
     gpus: int
     spec: ClusterSpec
-    cost_factory: Callable[[], StepCost] | None = None  # its own step costs (e.g. its TP size)
+    cost_factory: CostFactory | None = None  # its own step costs (e.g. its TP size)
+    decode_cost_factory: DecodeCostFactory | None = None  # its decode side's, where another TP size
 
 
 def plan(candidates: Sequence[PlanCandidate], cost_factory: Callable[[], StepCost], workload: Workload,
@@ -68,7 +74,8 @@ def plan(candidates: Sequence[PlanCandidate], cost_factory: Callable[[], StepCos
     for cand in sorted(candidates, key=lambda c: c.gpus):
         if best is not None and cand.gpus > best[0].gpus:
             break
-        m, wall = simulate(cand.spec, cand.cost_factory or cost_factory, workload, slo, long_threshold)
+        m, wall = simulate(cand.spec, cand.cost_factory or cost_factory, workload, slo, long_threshold,
+                           cand.decode_cost_factory)
         att = m.overall.slo_attainment or 0.0
         ok = att >= target
         log(f"{cand.gpus:4d} GPUs  {cand.label:<44} E2E attainment {100 * att:6.1f}%  "
