@@ -39,7 +39,8 @@ def test_declared_dependencies():
     assert "matplotlib" in extras["bench"] and "matplotlib" in extras["test"]  # plot tests run
     assert "tqdm" in base  # bench_serving's progress bar (sglang_pd/bench/runner.py)
     router, router_extras = _requirements(ROOT / "router" / "pyproject.toml")
-    allowed = {"aiohttp", "orjson", "uvloop", "tokenizers", "prometheus-client", "msgspec"}
+    # httptools: the legs' HTTP/1.1 parser (leg_conn.py), a small C extension uvicorn uses too
+    allowed = {"aiohttp", "orjson", "uvloop", "tokenizers", "prometheus-client", "msgspec", "httptools"}
     assert router <= allowed, f"router dependencies beyond the light set: {router - allowed}"
     assert not router_extras
 
