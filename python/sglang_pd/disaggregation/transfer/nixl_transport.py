@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,18 +204,27 @@ class NixlKVTransport(KVTransport):
             notif=notif,
             posted_at=time.monotonic(),
         )
+        return self.post_write(handle, lambda: self.agent.make_prepped_xfer(
+            "WRITE",
+            self._local,
+            self.layout.descriptor_indices(src),
+            p.dlist,
+            p.layout.descriptor_indices(dst),
+            notif,
+        ))
+
+    def post_write(
+        self, handle: TransferHandle, make_xfer: Callable[[], Any], *errors: type[BaseException]
+    ) -> TransferHandle:
+        """Build a WRITE with ``make_xfer`` and post it; the one post sequence for every caller
+        (the whole-page writer above and the per-rank slice writer in ``engine/tp/rank_kv.py``).
+        A NIXL error (or one of ``errors``, the caller's own checks inside ``make_xfer``) ends
+        the handle as ERR; a transfer that completes at once is finished here."""
         try:
-            handle.impl = self.agent.make_prepped_xfer(
-                "WRITE",
-                self._local,
-                self.layout.descriptor_indices(src),
-                p.dlist,
-                p.layout.descriptor_indices(dst),
-                notif,
-            )
+            handle.impl = make_xfer()
             state = self.agent.transfer(handle.impl)
-        except self._errors as e:
-            self._fail(handle, f"posting WRITE to {peer!r} failed: {type(e).__name__}: {e}")
+        except (*errors, *self._errors) as e:
+            self._fail(handle, f"posting WRITE to {handle.peer!r} failed: {type(e).__name__}: {e}")
             return handle
         if state != "PROC":
             self._finish(handle, state)

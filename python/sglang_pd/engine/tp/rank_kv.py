@@ -91,7 +91,8 @@ class RankKV:
         handle = TransferHandle(peer=w.peer, num_pages=len(w.src_pages), nbytes=0, notif=w.notif,
                                 posted_at=time.monotonic())
         peer = self.peers.get(w.peer)
-        try:
+
+        def make_xfer() -> Any:
             if peer is None:
                 raise TransferError(f"decode rank agent {w.peer!r} is not loaded")
             src = t.layout.check_pages(w.src_pages, "src_pages")
@@ -101,16 +102,11 @@ class RankKV:
             local = slice_table(t.layout, src, w.src_lo, w.width, w.whole)
             remote = slice_table(peer.layout, dst, w.dst_lo, w.width, w.whole)
             handle.nbytes = int(local[:, 1].sum())
-            handle.impl = t.agent.initialize_xfer(
+            return t.agent.initialize_xfer(
                 "WRITE", t.agent.get_xfer_descs(local, t.layout.mem_type),
                 t.agent.get_xfer_descs(remote, peer.layout.mem_type), w.peer, w.notif)
-            state = t.agent.transfer(handle.impl)
-        except (ValueError, TransferError, *t._errors) as e:  # type: ignore[misc]
-            t._fail(handle, f"WRITE to {w.peer!r}: {type(e).__name__}: {e}")
-            return handle
-        if state != "PROC":
-            t._finish(handle, state)
-        return handle
+
+        return t.post_write(handle, make_xfer, ValueError, TransferError)
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
         return self.transport.poll(handle)
