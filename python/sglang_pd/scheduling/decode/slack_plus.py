@@ -16,11 +16,22 @@ iff t <= s_r. Hence, per step:
    (the step M forms would make it late);
 2. packing, Kairos's walk: the others by ascending seq_len; add r when LUT[M + B + r] <= the
    smallest s of the requests still skipped and the batch's tokens/s rises (Alg. 3 line 13);
-3. without a mandatory set, a partial step runs only if its tokens/s are at least the
-   decode-all step's (Alg. 3's gain test compares only within B: without this, a long request
-   alone, ahead of pace, would spend every short request's lead at 1 token per long step);
-   nothing chosen: decode every request (all s_r >= 0 then, so all are on time).
-So outside mandatory steps no step has fewer tokens/s than continuous batching's.
+3. a partial step runs only if its tokens/s are at least the decode-all step's (Alg. 3's gain
+   test compares only within B: without this, a long request alone, ahead of pace, would spend
+   every short request's lead at 1 token per long step), or if it *rescues* a token: some chosen
+   request r, not behind, is due between the two steps (t_B <= d_r - now < t_all) and its pace
+   is one decode-all steps can hold (t_all <= r's T_slo); otherwise decode every request.
+A partial step pays (the rule of 3): a skipped request loses a whole step, and what the chosen
+ones gain is t_all - t_B. Where step time barely depends on the batch (a CPU with short
+contexts, a GPU at small batch) that gain is nothing, so a throughput-losing subset step is
+taken only to keep a token on pace that decode-all would make late, for a request that can
+stay on pace afterwards. When the SLO is infeasible for everyone (t_all > every T_slo) or no
+subset saves a deadline, slack+ decodes all, as continuous batching does: skipping cannot
+shorten anyone's TPOT there, only lengthen the skipped ones'. Before this rule, mandatory
+steps (new requests due under t_all, recovering ones) skipped the best-effort requests for
+nothing: on a flat table under overload TPOT p50 up to 1.16x continuous's
+(test_slack_plus_flat_table_properties.py); on an exactly flat table slack+ is now continuous.
+So no step has fewer tokens/s than continuous batching's unless it rescues a token.
 Invariant: every skipped request q has s_q >= this step's time, so after this step a
 decode-all step still delivers its token by d_q: whenever the SLO is feasible at all (t_all
 <= every T_slo, the table right), every request's k-th token arrives by t_first + (k-1) T_slo,
@@ -120,7 +131,6 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
         if count == n:
             self._behind_skipped.clear()
             return list(running)
-        mandatory = count
         kept = min((due[i] for i in range(n) if chosen[i] and due[i] >= t_cur), default=math.inf)
         # 2. packing by ascending seq_len within the slack of the requests still skipped
         free = [i for i in range(n) if not chosen[i]]
@@ -145,9 +155,13 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
                 t_cur = t
                 if due[i] >= t and not best_effort[i]:
                     kept = min(kept, due[i])
-        # 3. an optional partial step must not cost throughput: its tokens/s at least the
-        # decode-all step's (else it only spends everyone's lead, e.g. a long request alone)
-        if not count or (not mandatory and count / t_cur < n / t_all):
+        # 3. a partial step that costs throughput (tokens/s under the decode-all step's) must
+        # keep on pace a token the decode-all step would make late, of a request whose pace
+        # decode-all steps can hold; else it only spends the skipped requests' steps (on a flat
+        # table each skip costs a whole step and saves none: docstring, "A partial step pays")
+        if not count or (count / t_cur < n / t_all
+                         and not any(chosen[i] and not behind[i] and t_cur <= due[i] < t_all
+                                     and t_all <= self.tpot_s(running[i]) for i in range(n))):
             self._behind_skipped.clear()
             return []
         self._behind_skipped = {r.rid for r, c, b in zip(running, chosen, best_effort) if b and not c}
