@@ -108,9 +108,10 @@ def simulate(argv: list[str], rec: dict, slo: SloSpec, cal: Calibration | None =
     return by_class(replay(argv, rec, cal)[0], slo)
 
 
-def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "") -> Calibration:
-    """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py)."""
-    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps))
+def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None) -> Calibration:
+    """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py);
+    ``cores``: the instances share that many cores (None: each has its own)."""
+    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores)
     res, idx = replay(argv, rec, cal)
     real = [rec["ttfts"][k] if rec["ttfts"][k] and rec["ttfts"][k] > 0 else None for k in idx]
     sim = [None if t.first_token is None else t.first_token - t.arrival for t in res.tracks]
@@ -191,6 +192,26 @@ def make_profile(a: argparse.Namespace, cfg: dict, bench: Path) -> None:
                    check=True)
 
 
+def diagnose(flags: list[str], rec: dict, cal: Calibration, slo: SloSpec) -> str:
+    """Where the uncalibrated error comes from, on the fit run itself (in-sample, so a
+    diagnosis, never the check): the profile alone, + the step factors (each engine's steps
+    slowed by its neighbours on shared cores, and the queueing that follows), + the TTFT
+    overhead (what no engine step holds). Signed errors per class and percentile."""
+    real = rec.get("by_class") or {}
+    stages = (("profile alone", None), ("+ step factors" + (f" on {cal.cores:g} shared cores" if cal.cores else ""),
+                                         Calibration(cal.step_factor, cores=cal.cores)), ("+ TTFT overhead", cal))
+    errs = [compare(real, simulate(flags, rec, slo, c))[1] for _, c in stages]
+    keys = [(c, label) for c in CLASSES for label, _ in ROWS if all((c, label) in e for e in errs)]
+    lines = ["| fit run (in-sample) | " + " | ".join(f"{c} {lb}" for c, lb in keys) + " |",
+             "|---|" + "---|" * len(keys)]
+    lines += [f"| {name} | " + " | ".join(f"{e[k]:+.1f}%" for k in keys) + " |" for (name, _), e in zip(stages, errs)]
+    return "\n".join(lines)
+
+
+def _slo(cfg: dict) -> SloSpec:
+    return SloSpec(cfg["slo_ttft_short_ms"], cfg["slo_tpot_ms"], cfg["slo_ttft_long_ms"], cfg["short_threshold"] + 1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench-dir", required=True, nargs="+", help="bench_cluster --log-dir(s) of the runs to predict")
@@ -200,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibration", default=None,
                     help="JSON of a fitted calibration: written with --calibrate-from, else read")
     ap.add_argument("--setups", default="ours")
+    ap.add_argument("--cores", type=float, default=None,
+                    help="with --calibrate-from: the simulated instances share this many cores (processor "
+                         "sharing, sglang_pd/sim/calibration.py); default: each its own, the factors hold it all")
     ap.add_argument("--profile", required=True, help="cost profile JSON measured on this machine's engine")
     ap.add_argument("--make-profile", action="store_true", help="measure it first (the profiler, minutes)")
     ap.add_argument("--model-path", default=None, help="for --make-profile (default: BENCH_DIR/smollm2-135m)")
@@ -232,10 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             steps = src / f"{name}_steps.json"
             if flags is None or rec is None or not steps.exists():
                 sys.exit(f"{src}: no {name} run with per-request details and {steps.name} to calibrate on")
-            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}")
+            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores)
             print(f"calibration ({name}, fitted on {src}): step factors "
                   + ", ".join(f"{k} x{v:.2f}" for k, v in cals[name].step_factor.items())
                   + f"; TTFT overhead {1e3 * cals[name].ttft_overhead_s:.0f} ms")
+            print(diagnose(flags, rec, cals[name], _slo(cfg)))
         if a.calibration:
             Path(a.calibration).write_text(json.dumps({n: c.to_json() for n, c in cals.items()}, indent=1) + "\n")
     elif a.calibration:
@@ -243,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, list[dict[tuple[str, str], float]]] = {n: [] for n in names}
     for bench in benches:
         cfg = _config(bench)
-        slo = SloSpec(cfg["slo_ttft_short_ms"], cfg["slo_tpot_ms"], cfg["slo_ttft_long_ms"], cfg["short_threshold"] + 1)
+        slo = _slo(cfg)
         print(f"\n{bench} (seed {cfg['seed']}, trace from request {cfg.get('trace_skip', 0)})\n"
               "| class | metric | engine | simulator | error |\n|---|---|---|---|---|")
         for name in names:

@@ -92,3 +92,17 @@ def test_measured_busy_sums_the_modes_and_names_the_instances() -> None:
     assert measured_busy(steps) == {"p0": 1.5, "d0": 2.5}
     assert ttft_overhead([1.0, None, 2.0, 3.0], [0.5, 0.1, 1.0, None]) == pytest.approx(0.75)
     assert ttft_overhead([], []) == 0.0
+
+
+def test_shared_cores_stretch_a_step_by_the_instances_mid_step() -> None:
+    """Alone on half a core a step takes twice as long; on one core shared by the cluster a
+    step never runs faster than on its own, and slower while others step too."""
+    argv = sfc.sim_argv("ours", CFG, OPTS)
+    assert argv is not None
+    spaced = dict(REC, start_times=[1.0 * i for i in range(12)])  # never two steps at once
+    base = {i.name: i.busy_s for i in sfc.replay(argv, spaced, Calibration({}))[0].instances}
+    half = {i.name: i.busy_s for i in sfc.replay(argv, spaced, Calibration({}, cores=0.5))[0].instances}
+    assert all(half[n] == pytest.approx(2 * base[n]) for n in base)
+    dense_base = sfc.replay(argv, REC, Calibration({}))[0]
+    dense_one = sfc.replay(argv, REC, Calibration({}, cores=1.0))[0]
+    assert sum(i.busy_s for i in dense_one.instances) > 1.05 * sum(i.busy_s for i in dense_base.instances)

@@ -16,6 +16,11 @@ Two terms, both measured, neither read off the runs it predicts:
 - one TTFT overhead: the median, over the calibration run's requests, of the engine's TTFT
   minus the (factor-corrected) simulator's: what no engine step holds (HTTP, the router's
   two legs, the bootstrap handshake, the KV transfer's real speed, the client).
+
+Optionally (``cores``) the shared cores themselves: a step that starts while k instances of
+the cluster are mid-step (itself included) on ``cores`` cores runs max(1, k / cores) times as
+long (each engine is one thread; processor sharing, read once at the step's start). The
+factors then hold only what sharing does not explain (frontends, router, client, caches).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sglang_pd.sim.cluster import Cluster
+from sglang_pd.core.scheduled_step import ScheduledStep
 from sglang_pd.sim.cluster_spec import SimResult
+from sglang_pd.sim.instance import Instance
 from sglang_pd.sim.step_cost import StepCost
 
 # bench_cluster's process names -> the simulator's instance names (Instance.name)
@@ -37,13 +44,28 @@ class Calibration:
     step_factor: dict[str, float] = field(default_factory=dict)  # Instance.name -> measured / simulated
     ttft_overhead_s: float = 0.0
     source: str = ""  # the run it was fitted on
+    cores: float | None = None  # the cores the instances share (None: each has its own)
 
     def to_json(self) -> dict:
-        return {"step_factor": self.step_factor, "ttft_overhead_s": self.ttft_overhead_s, "source": self.source}
+        return {"step_factor": self.step_factor, "ttft_overhead_s": self.ttft_overhead_s, "source": self.source,
+                "cores": self.cores}
 
     @classmethod
     def from_json(cls, d: dict) -> Calibration:
-        return cls(dict(d["step_factor"]), float(d["ttft_overhead_s"]), str(d.get("source", "")))
+        return cls(dict(d["step_factor"]), float(d["ttft_overhead_s"]), str(d.get("source", "")), d.get("cores"))
+
+
+class SharedCoreCost(StepCost):
+    """``StepCost`` of one instance among ``peers`` sharing ``cores`` cores (module docstring)."""
+
+    def __init__(self, base: StepCost, peers: list[Instance], cores: float) -> None:
+        super().__init__(base.name, base.prefill, base.decode, base.kv_bytes_per_token, base.kv_capacity_tokens,
+                         base.step_tokens2_s, base.noise, base.seed)
+        self.peers, self.cores = peers, cores
+
+    def step_s(self, step: ScheduledStep) -> float:
+        busy = sum(1 for p in self.peers if p.step is not None)  # the caller's own step is set already
+        return super().step_s(step) * max(1.0, busy / self.cores)
 
 
 def scaled(cost: StepCost, factor: float) -> StepCost:
@@ -61,10 +83,13 @@ def scaled(cost: StepCost, factor: float) -> StepCost:
 
 def apply(cluster: Cluster, cal: Calibration) -> Cluster:
     """Each instance's steps scaled by its factor (before the run; 1 where none was fitted)."""
-    for inst in [*cluster.front, *cluster.decodes]:
+    peers = [*cluster.front, *cluster.decodes]
+    for inst in peers:
         f = cal.step_factor.get(inst.name, 1.0)
         if f != 1.0:
             inst.cost = scaled(inst.cost, f)
+        if cal.cores:
+            inst.cost = SharedCoreCost(inst.cost, peers, cal.cores)
     return cluster
 
 
@@ -75,13 +100,14 @@ def measured_busy(steps: dict[str, dict[str, dict[str, float]]]) -> dict[str, fl
 
 
 def fit_factors(replay: Callable[[Calibration], SimResult], busy: dict[str, float],
-                rounds: int = 4) -> tuple[Calibration, SimResult]:
+                rounds: int = 4, cores: float | None = None) -> tuple[Calibration, SimResult]:
     """Step factors such that each simulated instance is busy as long as its engine was."""
-    cal = Calibration(dict.fromkeys(busy, 1.0))
+    cal = Calibration(dict.fromkeys(busy, 1.0), cores=cores)
     res = replay(cal)
     for _ in range(rounds):
         sim = {i.name: i.busy_s for i in res.instances}
-        cal = Calibration({n: f * busy[n] / sim[n] if sim.get(n) else f for n, f in cal.step_factor.items()})
+        cal = Calibration({n: f * busy[n] / sim[n] if sim.get(n) else f for n, f in cal.step_factor.items()},
+                          cores=cores)
         res = replay(cal)
     return cal, res
 
