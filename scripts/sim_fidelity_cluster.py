@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +112,10 @@ def simulate(argv: list[str], rec: dict, slo: SloSpec, cal: Calibration | None =
 def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None) -> Calibration:
     """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py);
     ``cores``: the instances share that many cores (None: each has its own)."""
-    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores)
+    tpots = [(e - t) / (o - 1) for e, t, o in zip(rec.get("e2e_latencies", []), rec["ttfts"], rec["output_lens"])
+             if o > 1 and t and t > 0 and e > t]  # completed requests of 2+ tokens
+    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores,
+                           tpot_s=statistics.median(tpots) if tpots else None)
     res, idx = replay(argv, rec, cal)
     real = [rec["ttfts"][k] if rec["ttfts"][k] and rec["ttfts"][k] > 0 else None for k in idx]
     sim = [None if t.first_token is None else t.first_token - t.arrival for t in res.tracks]
