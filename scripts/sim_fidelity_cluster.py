@@ -35,7 +35,14 @@ from pathlib import Path
 from bench_cluster import _setups  # a sibling script (scripts/ is on the path)
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.bench.report import summary_fields
-from sglang_pd.sim.calibration import Calibration, apply, fit_factors, measured_busy, ttft_overhead
+from sglang_pd.sim.calibration import (
+    Calibration,
+    apply,
+    fit_factors,
+    measured_busy,
+    median_tpot_s,
+    ttft_overhead,
+)
 from sglang_pd.sim.cli import add_common, cluster_spec, cost_of
 from sglang_pd.sim.cluster import Cluster
 from sglang_pd.sim.cluster_spec import SimResult
@@ -109,11 +116,16 @@ def simulate(argv: list[str], rec: dict, slo: SloSpec, cal: Calibration | None =
     return by_class(replay(argv, rec, cal)[0], slo)
 
 
+def run_tpots(rec: dict) -> list[float]:
+    """TPOT (s) of the completed requests of 2+ tokens in bench_serving's details."""
+    return [(e - t) / (o - 1) for e, t, o in zip(rec.get("e2e_latencies", []), rec["ttfts"], rec["output_lens"])
+            if o > 1 and t and t > 0 and e > t]
+
+
 def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None) -> Calibration:
     """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py);
     ``cores``: the instances share that many cores (None: each has its own)."""
-    tpots = [(e - t) / (o - 1) for e, t, o in zip(rec.get("e2e_latencies", []), rec["ttfts"], rec["output_lens"])
-             if o > 1 and t and t > 0 and e > t]  # completed requests of 2+ tokens
+    tpots = run_tpots(rec)
     cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores,
                            tpot_s=statistics.median(tpots) if tpots else None)
     res, idx = replay(argv, rec, cal)
@@ -212,6 +224,21 @@ def diagnose(flags: list[str], rec: dict, cal: Calibration, slo: SloSpec) -> str
     return "\n".join(lines)
 
 
+def drift(res: SimResult, rec: dict, steps: dict) -> str:
+    """How far this run's machine was from the calibration run's: each engine's step seconds
+    (the decode: the median TPOT) over the calibrated simulator's for the same requests. Read,
+    never fitted: 1.00 everywhere is a machine as fast as at calibration; a run whose engines
+    were 20% slower than at calibration cannot be predicted within 5% by any calibration."""
+    busy, sim = measured_busy(steps), {i.name: i.busy_s for i in res.instances}
+    ratio = {n: busy[n] / sim[n] for n in busy if n.startswith("p") and sim.get(n)}
+    tpots = run_tpots(rec)
+    sim_tpot = median_tpot_s(res)
+    if tpots and sim_tpot:
+        ratio["d0 (TPOT p50)"] = statistics.median(tpots) / sim_tpot
+    return ("drift vs the calibration run (engine / calibrated simulator): "
+            + ", ".join(f"{n} x{r:.2f}" for n, r in ratio.items()))
+
+
 def _slo(cfg: dict) -> SloSpec:
     return SloSpec(cfg["slo_ttft_short_ms"], cfg["slo_tpot_ms"], cfg["slo_ttft_long_ms"], cfg["short_threshold"] + 1)
 
@@ -282,10 +309,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} | skipped ({why}) | | | |")
                 continue
             real = rec.get("by_class") or {}
-            lines, errs = compare(real, simulate(flags, rec, slo, cals.get(name)))
+            cal = cals.get(name)
+            res, _ = replay(flags, rec, cal)
+            lines, errs = compare(real, by_class(res, slo))
             errors[name].append(errs)
             print(f"| **{name}** | {sum(r['num_requests'] for r in real.values())} requests | | | |")
             print("\n".join(lines))
+            if cal and (bench / f"{name}_steps.json").exists():
+                print(drift(res, rec, json.loads((bench / f"{name}_steps.json").read_text())))
     for name, runs in errors.items():
         if runs:
             md, met = fidelity_table(runs)

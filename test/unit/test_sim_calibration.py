@@ -106,3 +106,14 @@ def test_shared_cores_stretch_a_step_by_the_instances_mid_step() -> None:
     dense_base = sfc.replay(argv, REC, Calibration({}))[0]
     dense_one = sfc.replay(argv, REC, Calibration({}, cores=1.0))[0]
     assert sum(i.busy_s for i in dense_one.instances) > 1.05 * sum(i.busy_s for i in dense_base.instances)
+
+
+def test_drift_reads_one_on_a_machine_as_fast_as_at_calibration() -> None:
+    argv = sfc.sim_argv("ours", CFG, OPTS)
+    assert argv is not None
+    cal = Calibration({"p0": 2.0, "p1": 2.0, "d0": 2.0})
+    res, _ = sfc.replay(argv, REC, cal)
+    busy = {i.name: i.busy_s for i in res.instances}
+    steps = {"prefill0": {"extend": {"steps": 1.0, "seconds": busy["p0"]}},
+             "prefill1": {"extend": {"steps": 1.0, "seconds": 1.5 * busy["p1"]}}}
+    assert sfc.drift(res, dict(REC, e2e_latencies=[]), steps).endswith("p0 x1.00, p1 x1.50")
