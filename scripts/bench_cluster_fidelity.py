@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Simulator fidelity for the PD cluster, the whole bar in one command (issue 34 item 4).
 
-    python scripts/bench_cluster_fidelity.py --out /tmp/fid [--seeds 3] [--num-prompts 60] [--rate 1.5]
+    python scripts/bench_cluster_fidelity.py --out /tmp/fid [--seeds 3] [--num-prompts 80] [--rate 1.5]
     python scripts/bench_cluster_fidelity.py --out /tmp/fidq --quick     # plumbing smoke, figures meaningless
 
 1. ``bench_cluster.py --setups ours`` once per seed 0..N, each on its own window of the trace
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="predicted runs (seeds 1..N); seed 0 calibrates")
     ap.add_argument("--setups", default="ours")
     ap.add_argument("--trace", default="azure-conv")
-    ap.add_argument("--num-prompts", type=int, default=60)
+    ap.add_argument("--num-prompts", type=int, default=80, help="requests per seed window")
     ap.add_argument("--rate", type=float, default=1.5)
     ap.add_argument("--profile", type=Path, default=None, help="cost profile JSON (default: OUT/profile.json, "
                     "measured first if missing)")

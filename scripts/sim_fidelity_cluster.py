@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Simulator fidelity for the PD cluster, per length class (issue 34 item 4).
 
-    python scripts/bench_cluster.py --setups ours --log-dir /tmp/bc ...   # the engine's side
-    python scripts/sim_fidelity_cluster.py --bench-dir /tmp/bc --profile /tmp/cpu_profile.json \
-        [--make-profile] [--setups ours]
+    python scripts/bench_cluster_fidelity.py --out /tmp/fid        # the whole bar: runs this last
+    python scripts/sim_fidelity_cluster.py --calibrate-from /tmp/fid/seed0 \
+        --bench-dir /tmp/fid/seed1 /tmp/fid/seed2 /tmp/fid/seed3 --profile /tmp/fid/profile.json [--cores 2]
 
 ``sim_fidelity.py`` checks one colocated instance; this checks a whole cluster behind our router:
 for each ``bench_cluster`` setup run with our router, the simulator replays the same requests
@@ -11,11 +11,13 @@ for each ``bench_cluster`` setup run with our router, the simulator replays the 
 through the same shape (prefill roles, prefill and decode policies, dual queues, routing policy,
 chunk size, page size, per-class TTFT SLOs and the TPOT SLO, all read from bench_cluster's own
 setup table), with a cost profile measured on this machine's engine (``--make-profile`` runs the
-profiler, as sim_fidelity.py does). It prints, per class (short / long at bench_cluster's
-threshold), the engine's and the simulator's TTFT p50/p90, TPOT p50/p90 and TTFT attainment,
-with the relative error of each percentile and the attainment gap in points. The issue's bar
-(mean absolute error <= 5%, none above 10%, over three seeds on a quiet machine) needs
-bench_cluster run three times with ``--seed``; each run is one ``--bench-dir``.
+profiler, as sim_fidelity.py does). ``--calibrate-from`` fits, on another run of the same
+cluster, per-instance step factors and a TTFT overhead (sglang_pd/sim/calibration.py: three
+engines share the cores the profile had to itself) and prints the fit run's per-term diagnosis;
+it refuses to predict the run it was fitted on. Per predicted run it prints, per class (short /
+long at bench_cluster's threshold), the engine's and the simulator's TTFT p50/p90, TPOT p50/p90
+and TTFT attainment with each percentile's relative error, and the machine's drift from the fit
+run; then, over the runs, the bar's table (per class: mean |error| <= 5%, none above 10%).
 
 What the simulator does not model (so what a gap can come from): the frontends and router
 (tokenizing, HTTP, the router's /get_load polling delay: the simulated router sees its exact
