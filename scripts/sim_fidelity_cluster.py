@@ -124,12 +124,14 @@ def run_tpots(rec: dict) -> list[float]:
             if o > 1 and t and t > 0 and e > t]
 
 
-def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None) -> Calibration:
+def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None,
+              decode_from: str = "steps") -> Calibration:
     """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py);
-    ``cores``: the instances share that many cores (None: each has its own)."""
+    ``cores``: the instances share that many cores (None: each has its own); ``decode_from``:
+    the decode factor matches the run's median TPOT ("tpot") or its engine's step seconds ("steps")."""
     tpots = run_tpots(rec)
     cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores,
-                           tpot_s=statistics.median(tpots) if tpots else None)
+                           tpot_s=statistics.median(tpots) if tpots and decode_from == "tpot" else None)
     res, idx = replay(argv, rec, cal)
     real = [rec["ttfts"][k] if rec["ttfts"][k] and rec["ttfts"][k] > 0 else None for k in idx]
     sim = [None if t.first_token is None else t.first_token - t.arrival for t in res.tracks]
@@ -254,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibration", default=None,
                     help="JSON of a fitted calibration: written with --calibrate-from, else read")
     ap.add_argument("--setups", default="ours")
+    ap.add_argument("--decode-from", choices=("tpot", "steps"), default="steps",
+                    help="with --calibrate-from: the decode factor matches the fit run's median TPOT (its loop's "
+                         "work between steps included) or its engine's step seconds only")
     ap.add_argument("--cores", type=float, default=None,
                     help="with --calibrate-from: the simulated instances share this many cores (processor "
                          "sharing, sglang_pd/sim/calibration.py); default: each its own, the factors hold it all")
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = src / f"{name}_steps.json"
             if flags is None or rec is None or not steps.exists():
                 sys.exit(f"{src}: no {name} run with per-request details and {steps.name} to calibrate on")
-            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores)
+            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores, a.decode_from)
             print(f"calibration ({name}, fitted on {src}): step factors "
                   + ", ".join(f"{k} x{v:.2f}" for k, v in cals[name].step_factor.items())
                   + f"; TTFT overhead {1e3 * cals[name].ttft_overhead_s:.0f} ms")
