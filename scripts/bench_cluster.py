@@ -52,6 +52,7 @@ from bench_cluster_report import plot, table
 from server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
+STATS_LAG_S = 1.5  # engines push their step samples every second (engine_process.py)
 OURS_PREFILL = ["--prefill-policy", "kairos+", "--prefill-queues", "dual"]
 
 
@@ -125,15 +126,18 @@ def write_workload(args: argparse.Namespace, path: Path) -> dict[str, float]:
     sys.path.insert(0, str(REPO / "python"))
     from sglang_pd.bench.traces import load_trace
 
-    recs = load_trace(args.trace, limit=args.num_prompts)
-    span = (recs[-1].arrival_s or 0.0) or 1.0
+    recs = load_trace(args.trace, limit=args.trace_skip + args.num_prompts)[args.trace_skip:]
+    if not recs:
+        raise SystemExit(f"{args.trace}: nothing left after --trace-skip {args.trace_skip}")
+    t0 = recs[0].arrival_s or 0.0  # a skipped window starts at its own first arrival
+    span = ((recs[-1].arrival_s or 0.0) - t0) or 1.0
     stretch = (len(recs) / span) / args.rate  # trace rate -> --rate
     n_long = 0
     with open(path, "w") as f:
         for r in recs:
             inp = max(1, min(args.max_input_len, round(r.input_len * args.length_scale)))
             n_long += inp > args.short_threshold
-            f.write(json.dumps({"timestamp": 1e3 * (r.arrival_s or 0.0) * stretch, "input_length": inp,
+            f.write(json.dumps({"timestamp": 1e3 * ((r.arrival_s or 0.0) - t0) * stretch, "input_length": inp,
                                 "output_length": max(1, min(r.output_len, args.max_output_len))}) + "\n")
     return {"requests": len(recs), "long_fraction": n_long / len(recs), "span_s": span * stretch}
 
@@ -145,15 +149,17 @@ def _popen(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
 
 
 def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path,
-                  env: dict[str, str], procs: list[tuple[str, subprocess.Popen]]) -> str:
-    """Servers and router up (appended to ``procs`` as they start); returns the router's URL."""
+                  env: dict[str, str], procs: list[tuple[str, subprocess.Popen]],
+                  urls: list[str]) -> str:
+    """Servers and router up (appended to ``procs`` as they start, the servers' URLs to
+    ``urls`` in the same order); returns the router's URL."""
     common = ["--model-path", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
               "--page-size", "16", "--chunked-prefill-size", str(args.chunk),
               "--short-prefill-threshold", str(args.short_threshold),
               "--slo-ttft-ms", str(args.slo_ttft_short_ms), "--slo-tpot-ms", str(args.slo_tpot_ms),
               "--random-seed", str(args.seed)]
     py = [sys.executable, "-m", "sglang_pd.launch_server", *common]
-    prefills, urls = [], []
+    prefills: list[str] = []
     for i, flags in enumerate(s.prefill):
         port, boot = free_port(), free_port()
         procs.append((f"prefill{i}", _popen([*py, *flags, "--mode", "prefill", "--port", str(port),
@@ -185,17 +191,46 @@ def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path
     return url
 
 
+def parse_step_metrics(text: str) -> dict[str, dict[str, float]]:
+    """Per step mode (extend | decode | mixed): the engine's step count and seconds summed,
+    from a server's /metrics text (``sglang:engine_step_seconds``, frontend/metrics.py)."""
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        for suffix, key in (("_count", "steps"), ("_sum", "seconds")):
+            head = f"sglang:engine_step_seconds{suffix}{{"
+            if line.startswith(head) and 'mode="' in line:
+                mode = line.split('mode="', 1)[1].split('"', 1)[0]
+                out.setdefault(mode, {"steps": 0.0, "seconds": 0.0})[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def scrape_steps(names: list[str], urls: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """Every server's engine steps so far (each pushes its step samples at most a second late)."""
+    import urllib.request
+
+    time.sleep(STATS_LAG_S)
+    out = {}
+    for name, url in zip(names, urls):
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+                out[name] = parse_step_metrics(r.read().decode())
+        except OSError as e:
+            print(f"  /metrics of {name}: {e}", file=sys.stderr)
+    return out
+
+
 def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, log_dir: Path) -> Run:
     run = Run(s.name, load_avg_1m=os.getloadavg()[0])
     env = dict(os.environ, OMP_NUM_THREADS="1", UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"),
                NIXL_LOG_LEVEL="WARN",
                PYTHONPATH=f"{REPO / 'python'}:{REPO / 'router'}:{os.environ.get('PYTHONPATH', '')}")
     procs: list[tuple[str, subprocess.Popen]] = []
+    urls: list[str] = []
     jsonl = log_dir / f"{s.name}.jsonl"
     jsonl.unlink(missing_ok=True)
     t0 = time.monotonic()
     try:
-        url = start_cluster(s, args, model, log_dir, env, procs)
+        url = start_cluster(s, args, model, log_dir, env, procs, urls)
         print(f"  [{s.name}] cluster up in {time.monotonic() - t0:.1f} s", flush=True)
         bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--base-url", url, "--backend", "sglang",
                  "--dataset-name", "trace", "--dataset-path", str(workload),
@@ -210,6 +245,8 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
         (log_dir / f"{s.name}_bench.out").write_text(res.stdout + res.stderr)
         if res.returncode != 0 or not jsonl.exists():
             raise RuntimeError(f"bench_serving rc={res.returncode}: {res.stderr.strip()[-300:]}")
+        steps = log_dir / f"{s.name}_steps.json"  # sim_fidelity_cluster.py calibrates from these
+        steps.write_text(json.dumps(scrape_steps([n for n, _ in procs], urls), indent=1) + "\n")
         rec = json.loads(jsonl.read_text().splitlines()[-1])
         run.num_requests, run.completed = rec["num_requests"], rec["completed"]
         run.errors = rec.get("errors") or {}
@@ -241,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="CI smoke: tiny model, 10 requests, 2 setups")
     ap.add_argument("--trace", default="azure-conv", help="data/traces short name or file")
     ap.add_argument("--num-prompts", type=int, default=80)
+    ap.add_argument("--trace-skip", type=int, default=0,
+                    help="start after this many trace requests (another window of the same trace)")
     ap.add_argument("--rate", type=float, default=1.5, help="mean arrival rate (req/s) the trace is rescaled to")
     ap.add_argument("--length-scale", type=float, default=0.125, help="prompt lengths times this")
     ap.add_argument("--max-input-len", type=int, default=3072)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Simulator fidelity for the PD cluster, per length class (issue 34 item 4).
 
-    python scripts/bench_cluster.py --setups ours --log-dir /tmp/bc ...   # the engine's side
-    python scripts/sim_fidelity_cluster.py --bench-dir /tmp/bc --profile /tmp/cpu_profile.json \
-        [--make-profile] [--setups ours]
+    python scripts/bench_cluster_fidelity.py --out /tmp/fid        # the whole bar: runs this last
+    python scripts/sim_fidelity_cluster.py --calibrate-from /tmp/fid/seed0 \
+        --bench-dir /tmp/fid/seed1 /tmp/fid/seed2 /tmp/fid/seed3 --profile /tmp/fid/profile.json [--cores 2]
 
 ``sim_fidelity.py`` checks one colocated instance; this checks a whole cluster behind our router:
 for each ``bench_cluster`` setup run with our router, the simulator replays the same requests
@@ -11,11 +11,13 @@ for each ``bench_cluster`` setup run with our router, the simulator replays the 
 through the same shape (prefill roles, prefill and decode policies, dual queues, routing policy,
 chunk size, page size, per-class TTFT SLOs and the TPOT SLO, all read from bench_cluster's own
 setup table), with a cost profile measured on this machine's engine (``--make-profile`` runs the
-profiler, as sim_fidelity.py does). It prints, per class (short / long at bench_cluster's
-threshold), the engine's and the simulator's TTFT p50/p90, TPOT p50/p90 and TTFT attainment,
-with the relative error of each percentile and the attainment gap in points. The issue's bar
-(mean absolute error <= 5%, none above 10%, over three seeds on a quiet machine) needs
-bench_cluster run three times with ``--seed``; each run is one ``--bench-dir``.
+profiler, as sim_fidelity.py does). ``--calibrate-from`` fits, on another run of the same
+cluster, per-instance step factors and a TTFT overhead (sglang_pd/sim/calibration.py: three
+engines share the cores the profile had to itself) and prints the fit run's per-term diagnosis;
+it refuses to predict the run it was fitted on. Per predicted run it prints, per class (short /
+long at bench_cluster's threshold), the engine's and the simulator's TTFT p50/p90, TPOT p50/p90
+and TTFT attainment with each percentile's relative error, and the machine's drift from the fit
+run; then, over the runs, the bar's table (per class: mean |error| <= 5%, none above 10%).
 
 What the simulator does not model (so what a gap can come from): the frontends and router
 (tokenizing, HTTP, the router's /get_load polling delay: the simulated router sees its exact
@@ -27,13 +29,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 from bench_cluster import _setups  # a sibling script (scripts/ is on the path)
 from sglang_pd.bench.metrics import SloSpec
+from sglang_pd.bench.report import summary_fields
+from sglang_pd.sim.calibration import (
+    Calibration,
+    apply,
+    fit_factors,
+    measured_busy,
+    median_tpot_s,
+    ttft_overhead,
+)
 from sglang_pd.sim.cli import add_common, cluster_spec, cost_of
 from sglang_pd.sim.cluster import Cluster
+from sglang_pd.sim.cluster_spec import SimResult
 from sglang_pd.sim.report import metrics
 from sglang_pd.sim.workload import Arrival, Workload
 
@@ -74,36 +88,75 @@ def sim_argv(setup_name: str, cfg: dict, a: argparse.Namespace) -> list[str] | N
     return argv
 
 
-def simulate(argv: list[str], rec: dict, slo: SloSpec) -> dict:
-    """The simulator's per-class summary of the engine run ``rec`` (bench_serving's details)."""
+def replay(argv: list[str], rec: dict, cal: Calibration | None = None) -> tuple[SimResult, list[int]]:
+    """The simulator's run of the engine run ``rec``'s requests (bench_serving's details), each
+    instance's steps scaled by ``cal``; also, per simulated track, the index of its request in
+    ``rec`` (tracks follow send times)."""
     p = argparse.ArgumentParser()
     add_common(p)
     sa = p.parse_args(argv)
     t0 = min(rec["start_times"])
-    arrivals = sorted((Arrival(s - t0, i, max(o, 1)) for s, i, o in
-                       zip(rec["start_times"], rec["input_lens"], rec["output_lens"])), key=lambda x: x.arrival_s)
-    res = Cluster(cluster_spec(sa), cost_of(sa)).run(Workload(arrivals))
-    _, m = metrics(res, slo, slo.long_threshold)
-    from sglang_pd.bench.report import summary_fields
+    order = sorted(range(len(rec["start_times"])), key=lambda k: rec["start_times"][k])
+    arrivals = [Arrival(rec["start_times"][k] - t0, rec["input_lens"][k], max(rec["output_lens"][k], 1))
+                for k in order]
+    cluster = Cluster(cluster_spec(sa), cost_of(sa))
+    res = apply(cluster, cal).run(Workload(arrivals)) if cal else cluster.run(Workload(arrivals))
+    if cal and cal.ttft_overhead_s:  # paid before the request reaches an engine: its whole timeline shifts
+        for t in res.tracks:
+            t.first_token = None if t.first_token is None else t.first_token + cal.ttft_overhead_s
+            t.finish = None if t.finish is None else t.finish + cal.ttft_overhead_s
+    return res, [order[t.index] for t in res.tracks]
 
+
+def by_class(res: SimResult, slo: SloSpec) -> dict:
+    _, m = metrics(res, slo, slo.long_threshold)
     return {c: summary_fields(v) for c, v in m.by_class.items()}
+
+
+def simulate(argv: list[str], rec: dict, slo: SloSpec, cal: Calibration | None = None) -> dict:
+    """The simulator's per-class summary of the engine run ``rec`` (bench_serving's details)."""
+    return by_class(replay(argv, rec, cal)[0], slo)
+
+
+def run_tpots(rec: dict) -> list[float]:
+    """TPOT (s) of the completed requests of 2+ tokens in bench_serving's details."""
+    return [(e - t) / (o - 1) for e, t, o in zip(rec.get("e2e_latencies", []), rec["ttfts"], rec["output_lens"])
+            if o > 1 and t and t > 0 and e > t]
+
+
+def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None,
+              decode_from: str = "steps") -> Calibration:
+    """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py);
+    ``cores``: the instances share that many cores (None: each has its own); ``decode_from``:
+    the decode factor matches the run's median TPOT ("tpot") or its engine's step seconds ("steps")."""
+    tpots = run_tpots(rec)
+    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores,
+                           tpot_s=statistics.median(tpots) if tpots and decode_from == "tpot" else None)
+    res, idx = replay(argv, rec, cal)
+    real = [rec["ttfts"][k] if rec["ttfts"][k] and rec["ttfts"][k] > 0 else None for k in idx]
+    sim = [None if t.first_token is None else t.first_token - t.arrival for t in res.tracks]
+    cal.ttft_overhead_s = ttft_overhead(real, sim)
+    cal.source = source
+    return cal
 
 
 ROWS = (("TTFT p50", "median_ttft_ms"), ("TTFT p90", "p90_ttft_ms"), ("TPOT p50", "median_tpot_ms"),
         ("TPOT p90", "p90_tpot_ms"))
+CLASSES = ("short", "long")
+BAR_MEAN_PCT, BAR_MAX_PCT = 5.0, 10.0  # issue 34 item 4, per class
 
 
-def compare(real: dict, sim: dict) -> tuple[list[str], list[float]]:
-    """Table rows (markdown) and the relative errors (%) of the percentiles."""
-    lines, errors = [], []
-    for cls in ("short", "long"):
+def compare(real: dict, sim: dict) -> tuple[list[str], dict[tuple[str, str], float]]:
+    """Table rows (markdown) and the signed relative error (%) of each class's percentiles."""
+    lines, errors = [], {}
+    for cls in CLASSES:
         r, s = real.get(cls) or {}, sim.get(cls) or {}
         for label, key in ROWS:
             rv, sv = r.get(key), s.get(key)
             if not rv or sv is None:
                 continue
             err = 100 * (sv - rv) / rv
-            errors.append(abs(err))
+            errors[(cls, label)] = err
             lines.append(f"| {cls} | {label} (ms) | {rv:.0f} | {sv:.0f} | {err:+.1f}% |")
         ra, sa = r.get("ttft_attainment"), s.get("ttft_attainment")
         if ra is not None and sa is not None:
@@ -112,11 +165,103 @@ def compare(real: dict, sim: dict) -> tuple[list[str], list[float]]:
     return lines, errors
 
 
-def main(argv: list[str] | None = None) -> int:
+def fidelity_table(runs: list[dict[tuple[str, str], float]]) -> tuple[str, dict[str, bool]]:
+    """Over the predicted runs (each ``compare``'s errors): per class and metric each run's error
+    and the mean |error|; per class the mean and max |error| over its metrics and runs against
+    the bar (mean <= 5%, none above 10%). Returns the markdown and, per class, the bar met."""
+    lines = ["| class | metric | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | mean abs |",
+             "|---|---|" + "---|" * (len(runs) + 1)]
+    met: dict[str, bool] = {}
+    for cls in CLASSES:
+        every: list[float] = []
+        for label, _ in ROWS:
+            errs = [r.get((cls, label)) for r in runs]
+            known = [abs(e) for e in errs if e is not None]
+            if not known:
+                continue
+            every += known
+            cells = " | ".join("-" if e is None else f"{e:+.1f}%" for e in errs)
+            lines.append(f"| {cls} | {label} | {cells} | {sum(known) / len(known):.1f}% |")
+        if every:
+            mean, worst = sum(every) / len(every), max(every)
+            met[cls] = mean <= BAR_MEAN_PCT and worst <= BAR_MAX_PCT
+            lines.append(f"| **{cls}** | **all** | {len(every)} errors: mean abs {mean:.1f}%, max {worst:.1f}% "
+                         + "| " * max(len(runs) - 1, 0) + f"| {'met' if met[cls] else 'NOT met'} |")
+    return "\n".join(lines), met
+
+
+def load_run(bench: Path, name: str) -> dict | None:
+    """bench_serving's record of ``name`` in a bench_cluster log dir (None: missing or no details)."""
+    path = bench / f"{name}.jsonl"
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text().splitlines()[-1])
+    return rec if "start_times" in rec else None
+
+
+def make_profile(a: argparse.Namespace, cfg: dict, bench: Path) -> None:
+    """The profiler on this machine's engine (minutes), over the lengths bench_cluster sends."""
+    model = a.model_path or str(bench / "smollm2-135m")
+    subprocess.run([sys.executable, "-m", "sglang_pd.tools.profile_cost_model", "--model-path", model,
+                    "--load-format", "dummy", "--out", a.profile, "--page-size", "16",
+                    "--prefill-new-tokens", "16,32,64,128,256,512",
+                    "--prefill-context-tokens", f"0,512,1536,{cfg['max_input_len']}",
+                    "--prefill-batch-sizes", "1,2,4", "--prefill-batch-new-tokens", "64,256,512",
+                    "--decode-batch-sizes", "1,2,4,8,16", "--decode-context-tokens", "128,512,2048,4096",
+                    "--repeats", str(a.profile_repeats), "--notes", "scripts/sim_fidelity_cluster.py"],
+                   check=True)
+
+
+def diagnose(flags: list[str], rec: dict, cal: Calibration, slo: SloSpec) -> str:
+    """Where the uncalibrated error comes from, on the fit run itself (in-sample, so a
+    diagnosis, never the check): the profile alone, + the step factors (each engine's steps
+    slowed by its neighbours on shared cores, and the queueing that follows), + the TTFT
+    overhead (what no engine step holds). Signed errors per class and percentile."""
+    real = rec.get("by_class") or {}
+    stages = (("profile alone", None), ("+ step factors" + (f" on {cal.cores:g} shared cores" if cal.cores else ""),
+                                         Calibration(cal.step_factor, cores=cal.cores)), ("+ TTFT overhead", cal))
+    errs = [compare(real, simulate(flags, rec, slo, c))[1] for _, c in stages]
+    keys = [(c, label) for c in CLASSES for label, _ in ROWS if all((c, label) in e for e in errs)]
+    lines = ["| fit run (in-sample) | " + " | ".join(f"{c} {lb}" for c, lb in keys) + " |",
+             "|---|" + "---|" * len(keys)]
+    lines += [f"| {name} | " + " | ".join(f"{e[k]:+.1f}%" for k in keys) + " |" for (name, _), e in zip(stages, errs)]
+    return "\n".join(lines)
+
+
+def drift(res: SimResult, rec: dict, steps: dict) -> str:
+    """How far this run's machine was from the calibration run's: each engine's step seconds
+    (the decode: the median TPOT) over the calibrated simulator's for the same requests. Read,
+    never fitted: 1.00 everywhere is a machine as fast as at calibration; a run whose engines
+    were 20% slower than at calibration cannot be predicted within 5% by any calibration."""
+    busy, sim = measured_busy(steps), {i.name: i.busy_s for i in res.instances}
+    ratio = {n: busy[n] / sim[n] for n in busy if n.startswith("p") and sim.get(n)}
+    tpots = run_tpots(rec)
+    sim_tpot = median_tpot_s(res)
+    if tpots and sim_tpot:
+        ratio["d0 (TPOT p50)"] = statistics.median(tpots) / sim_tpot
+    return ("drift vs the calibration run (engine / calibrated simulator): "
+            + ", ".join(f"{n} x{r:.2f}" for n, r in ratio.items()))
+
+
+def _slo(cfg: dict) -> SloSpec:
+    return SloSpec(cfg["slo_ttft_short_ms"], cfg["slo_tpot_ms"], cfg["slo_ttft_long_ms"], cfg["short_threshold"] + 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bench-dir", required=True, help="bench_cluster's --log-dir (SETUP.jsonl with details)")
-    ap.add_argument("--config", default=None, help="bench_cluster.json (default: BENCH_DIR/bench_cluster.json)")
+    ap.add_argument("--bench-dir", required=True, nargs="+", help="bench_cluster --log-dir(s) of the runs to predict")
+    ap.add_argument("--calibrate-from", default=None,
+                    help="a bench_cluster --log-dir of another run of the same cluster: fit the step factors and "
+                         "TTFT overhead there (sglang_pd/sim/calibration.py), predict the --bench-dir runs")
+    ap.add_argument("--calibration", default=None,
+                    help="JSON of a fitted calibration: written with --calibrate-from, else read")
     ap.add_argument("--setups", default="ours")
+    ap.add_argument("--decode-from", choices=("tpot", "steps"), default="steps",
+                    help="with --calibrate-from: the decode factor matches the fit run's median TPOT (its loop's "
+                         "work between steps included) or its engine's step seconds only")
+    ap.add_argument("--cores", type=float, default=None,
+                    help="with --calibrate-from: the simulated instances share this many cores (processor "
+                         "sharing, sglang_pd/sim/calibration.py); default: each its own, the factors hold it all")
     ap.add_argument("--profile", required=True, help="cost profile JSON measured on this machine's engine")
     ap.add_argument("--make-profile", action="store_true", help="measure it first (the profiler, minutes)")
     ap.add_argument("--model-path", default=None, help="for --make-profile (default: BENCH_DIR/smollm2-135m)")
@@ -125,43 +270,67 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-bytes-per-token", type=float, default=SMOLLM2_KV_BYTES_PER_TOKEN)
     ap.add_argument("--link-gb-s", type=float, default=2.0, help="loopback UCX, roughly")
     ap.add_argument("--link-latency-ms", type=float, default=1.0)
-    a = ap.parse_args(argv)
-    bench = Path(a.bench_dir)
-    cfg = json.loads(Path(a.config or bench / "bench_cluster.json").read_text())["config"]
-    if a.make_profile:
-        import subprocess
+    return ap
 
-        model = a.model_path or str(bench / "smollm2-135m")
-        subprocess.run([sys.executable, "-m", "sglang_pd.tools.profile_cost_model", "--model-path", model,
-                        "--load-format", "dummy", "--out", a.profile, "--page-size", "16",
-                        "--prefill-new-tokens", "16,32,64,128,256,512",
-                        "--prefill-context-tokens", f"0,512,1536,{cfg['max_input_len']}",
-                        "--prefill-batch-sizes", "1,2,4", "--prefill-batch-new-tokens", "64,256,512",
-                        "--decode-batch-sizes", "1,2,4,8,16", "--decode-context-tokens", "128,512,2048,4096",
-                        "--repeats", str(a.profile_repeats), "--notes", "scripts/sim_fidelity_cluster.py"],
-                       check=True)
-    slo = SloSpec(cfg["slo_ttft_short_ms"], cfg["slo_tpot_ms"], cfg["slo_ttft_long_ms"], cfg["short_threshold"] + 1)
-    all_errors: list[float] = []
-    print("| class | metric | engine | simulator | error |\n|---|---|---|---|---|")
-    for name in [n.strip() for n in a.setups.split(",") if n.strip()]:
-        flags = sim_argv(name, cfg, a)
-        path = bench / f"{name}.jsonl"
-        if flags is None or not path.exists():
-            print(f"| {name} | skipped ({'not our router' if flags is None else 'no ' + path.name}) | | | |")
-            continue
-        rec = json.loads(path.read_text().splitlines()[-1])
-        if "start_times" not in rec:
-            print(f"| {name} | skipped (run bench_cluster with per-request details) | | | |")
-            continue
-        real = rec.get("by_class") or {}
-        lines, errors = compare(real, simulate(flags, rec, slo))
-        all_errors += errors
-        print(f"| **{name}** | {sum(r['num_requests'] for r in real.values())} requests | | | |")
-        print("\n".join(lines))
-    if all_errors:
-        mean = sum(all_errors) / len(all_errors)
-        print(f"\npercentile errors: mean |error| {mean:.1f}%, max {max(all_errors):.1f}% "
-              f"(bar: mean <= 5%, none above 10%, over three seeds on a quiet machine)")
+
+def _config(bench: Path) -> dict:
+    return json.loads((bench / "bench_cluster.json").read_text())["config"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    benches = [Path(d) for d in a.bench_dir]
+    if a.calibrate_from and any(Path(a.calibrate_from).resolve() == b.resolve() for b in benches):
+        sys.exit("--calibrate-from must be another run than the --bench-dir ones: never fit and test on one run")
+    if a.make_profile:
+        make_profile(a, _config(benches[0]), benches[0])
+    names = [n.strip() for n in a.setups.split(",") if n.strip()]
+    cals: dict[str, Calibration] = {}
+    if a.calibrate_from:
+        src = Path(a.calibrate_from)
+        cfg = _config(src)
+        for name in names:
+            flags, rec = sim_argv(name, cfg, a), load_run(src, name)
+            steps = src / f"{name}_steps.json"
+            if flags is None or rec is None or not steps.exists():
+                sys.exit(f"{src}: no {name} run with per-request details and {steps.name} to calibrate on")
+            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores, a.decode_from)
+            print(f"calibration ({name}, fitted on {src}): step factors "
+                  + ", ".join(f"{k} x{v:.2f}" for k, v in cals[name].step_factor.items())
+                  + f"; TTFT overhead {1e3 * cals[name].ttft_overhead_s:.0f} ms")
+            print(diagnose(flags, rec, cals[name], _slo(cfg)))
+        if a.calibration:
+            Path(a.calibration).write_text(json.dumps({n: c.to_json() for n, c in cals.items()}, indent=1) + "\n")
+    elif a.calibration:
+        cals = {n: Calibration.from_json(d) for n, d in json.loads(Path(a.calibration).read_text()).items()}
+    errors: dict[str, list[dict[tuple[str, str], float]]] = {n: [] for n in names}
+    for bench in benches:
+        cfg = _config(bench)
+        slo = _slo(cfg)
+        print(f"\n{bench} (seed {cfg['seed']}, trace from request {cfg.get('trace_skip', 0)})\n"
+              "| class | metric | engine | simulator | error |\n|---|---|---|---|---|")
+        for name in names:
+            flags, rec = sim_argv(name, cfg, a), load_run(bench, name)
+            if flags is None or rec is None:
+                why = "not expressible in the simulator" if flags is None else "no run with per-request details"
+                print(f"| {name} | skipped ({why}) | | | |")
+                continue
+            real = rec.get("by_class") or {}
+            cal = cals.get(name)
+            res, _ = replay(flags, rec, cal)
+            lines, errs = compare(real, by_class(res, slo))
+            errors[name].append(errs)
+            print(f"| **{name}** | {sum(r['num_requests'] for r in real.values())} requests | | | |")
+            print("\n".join(lines))
+            if cal and (bench / f"{name}_steps.json").exists():
+                print(drift(res, rec, json.loads((bench / f"{name}_steps.json").read_text())))
+    for name, runs in errors.items():
+        if runs:
+            md, met = fidelity_table(runs)
+            how = f"calibrated on {cals[name].source}" if name in cals else "uncalibrated (profile alone)"
+            print(f"\n{name}: {len(runs)} predicted run(s), {how}\n{md}\nbar (per class: mean abs <= "
+                  f"{BAR_MEAN_PCT:.0f}%, none above {BAR_MAX_PCT:.0f}%): "
+                  + ", ".join(f"{c} {'met' if ok else 'NOT met'}" for c, ok in met.items()))
     return 0
 
 

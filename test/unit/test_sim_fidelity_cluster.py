@@ -49,4 +49,33 @@ def test_a_replay_reports_both_classes() -> None:
     assert by_class["short"]["num_requests"] == 6 and by_class["long"]["num_requests"] == 2
     assert by_class["long"]["median_ttft_ms"] > by_class["short"]["median_ttft_ms"] > 0
     lines, errors = sfc.compare(by_class, by_class)
-    assert errors and max(errors) == 0.0 and any("attainment" in line for line in lines)
+    assert errors and max(map(abs, errors.values())) == 0.0 and any("attainment" in line for line in lines)
+
+
+def test_compare_signs_the_error_per_class_and_metric() -> None:
+    real = {"short": {"median_ttft_ms": 200.0, "p90_ttft_ms": 400.0}, "long": {"median_ttft_ms": 1000.0}}
+    sim = {"short": {"median_ttft_ms": 210.0, "p90_ttft_ms": 380.0}, "long": {"median_ttft_ms": 900.0}}
+    _, errors = sfc.compare(real, sim)
+    assert errors == {("short", "TTFT p50"): 5.0, ("short", "TTFT p90"): -5.0, ("long", "TTFT p50"): -10.0}
+
+
+def test_fidelity_table_applies_the_bar_per_class() -> None:
+    """Mean |error| over a class's metrics and runs <= 5%, none above 10%: a class passes only
+    with both; a missing figure in one run is skipped, not counted as 0."""
+    runs = [{("short", "TTFT p50"): 4.0, ("short", "TPOT p50"): -2.0, ("long", "TTFT p50"): 3.0},
+            {("short", "TTFT p50"): -6.0, ("short", "TPOT p50"): 0.0, ("long", "TTFT p50"): -11.0},
+            {("short", "TTFT p50"): 1.0, ("long", "TTFT p50"): 1.0}]
+    md, met = sfc.fidelity_table(runs)
+    assert met == {"short": True, "long": False}  # short: mean 2.6, max 6; long: mean 5.0 but 11 > 10
+    assert "| short | TTFT p50 | +4.0% | -6.0% | +1.0% | 3.7% |" in md
+    assert "| short | TPOT p50 | -2.0% | +0.0% | - | 1.0% |" in md
+    assert "mean abs 2.6%, max 6.0%" in md and "mean abs 5.0%, max 11.0%" in md
+    _, met = sfc.fidelity_table([{("short", "TTFT p50"): 5.5, ("short", "TTFT p90"): 5.5}])
+    assert met == {"short": False}  # every figure under 10% but the mean above 5%
+
+
+def test_calibrating_and_testing_on_one_run_is_refused(tmp_path: Path) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit, match="never fit and test"):
+        sfc.main(["--bench-dir", str(tmp_path), "--calibrate-from", str(tmp_path), "--profile", "x.json"])
