@@ -111,12 +111,18 @@ async def warm_up(url: str, prompts: list[list[int]], concurrency: int) -> None:
         await asyncio.gather(*(send(client, ids) for ids in prompts))
 
 
-async def busy_seconds(url: str, client: httpx.AsyncClient, stop_at: asyncio.Event) -> float:
-    """Seconds the engine spent stepping until ``stop_at`` is set: /get_load's busy_fraction
-    covers the last ``BUSY_WINDOW_S``, so one sample per window adds up without overlap (the
-    last, partial window pro rata)."""
+async def busy_seconds(url: str, client: httpx.AsyncClient, stop_at: asyncio.Event) -> tuple[float, float]:
+    """Seconds the engine spent stepping until ``stop_at`` is set, and the longest /get_load
+    answer (what the sum may have missed): /get_load's busy_fraction covers the last
+    ``BUSY_WINDOW_S``, so one sample per window adds up without overlap (the last, partial
+    window pro rata)."""
+    slowest = 0.0
+
     async def busy() -> float:
+        nonlocal slowest
+        t = time.monotonic()
         load = (await client.get(url + "/get_load", timeout=30)).json()
+        slowest = max(slowest, time.monotonic() - t)
         return float((load[0] if isinstance(load, list) else load).get("busy_fraction", 0.0)) * BUSY_WINDOW_S
 
     total, last = 0.0, time.monotonic()
@@ -126,11 +132,12 @@ async def busy_seconds(url: str, client: httpx.AsyncClient, stop_at: asyncio.Eve
         except asyncio.TimeoutError:
             total, last = total + await busy(), time.monotonic()
             continue
-        return total + await busy() * min(1.0, (time.monotonic() - last) / BUSY_WINDOW_S)
+        return total + await busy() * min(1.0, (time.monotonic() - last) / BUSY_WINDOW_S), slowest
 
 
-async def replay(url: str, reqs: list[Request]) -> tuple[list[tuple[float, int, int]], float]:
-    """The measured window: per request (TTFT, cached, prompt tokens), and the engine's busy s."""
+async def replay(url: str, reqs: list[Request]) -> tuple[list[tuple[float, int, int]], tuple[float, float]]:
+    """The measured window: per request (TTFT, cached, prompt tokens); the engine's busy s and
+    the slowest load poll."""
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=len(reqs) + 8)) as client:
         done = asyncio.Event()
         meter = asyncio.create_task(busy_seconds(url, client, done))
@@ -158,7 +165,7 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
         t = time.monotonic()
         asyncio.run(warm_up(url, warm, a.warm_concurrency))
         warm_s, t = time.monotonic() - t, time.monotonic()
-        res, busy = asyncio.run(replay(url, reqs))
+        res, (busy, slowest_poll) = asyncio.run(replay(url, reqs))
         wall = time.monotonic() - t
         load = httpx.get(url + "/get_load", timeout=30).json()
         load = load[0] if isinstance(load, list) else load
@@ -170,7 +177,8 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
     return {"cache": cache, "hit_rate": sum(r[1] for r in res) / sum(r[2] for r in res),
             "hit_rate_with_warm": float(load.get("cache_hit_rate", 0.0)),
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p90_s": float(np.percentile(ttft, 90)),
-            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": busy / wall, "load": busy / span}
+            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": busy / wall, "load": busy / span,
+            "slowest_load_poll_s": slowest_poll, "ttft_s": ttft.round(3).tolist()}
 
 
 def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float, float | None]:
