@@ -1,17 +1,23 @@
 """Mooncake conversation replay, prefix cache on vs off on the same server build (issue 30 bar).
 
-The first ``--num-requests`` of Mooncake's conversation trace, scaled to a CPU: each 512-token
-``hash_id`` block becomes ``--block-tokens`` tokens (one fixed random block per id: equal ids,
-equal tokens, so prefixes hit exactly where the trace says) and the engine's page is one block;
-outputs are capped at ``--max-output``; arrivals keep the trace's shape, rescaled to ``--qps``.
-One colocated server (SmolLM2-135M shape, dummy weights) runs the replay twice: with its radix
-cache, then with ``--disable-radix-cache``. Per run: the engine's hit rate (/get_load
-``cache_hit_rate``: cached / admitted prompt tokens) and TTFT p50/p90 (streamed first token).
-The simulator predicts the hit rate of the same requests over the same hash_ids (512-token
-blocks, capacity = the engine pool in blocks): its cache model alone, and the whole simulator
-(``sim_hit_rates`` says how they differ).
+Mooncake's conversation trace scaled to a CPU: each 512-token ``hash_id`` block becomes
+``--block-tokens`` tokens (one fixed random block per id: equal ids, equal tokens, so prefixes
+hit exactly where the trace says) and the engine's page is one block; outputs are capped at
+``--max-output``. The trace's first ``--warm-requests`` prompts are prefilled first (one output
+token, ``--warm-concurrency`` at a time, untimed): the trace's first requests share almost
+nothing, its follow-up turns resend histories sent earlier, so a window measured after a
+warm-up is the representative one. Then the next ``--num-requests`` are measured, arrivals
+keeping the trace's shape rescaled to ``--qps``. One colocated server (SmolLM2-135M shape,
+dummy weights) runs all this twice, with its radix cache and with ``--disable-radix-cache``:
+the same requests, the warm-up included. Per run: the window's hit rate (meta_info
+``cached_tokens`` / prompt tokens), TTFT p50/p90 (streamed first token), and the engine's
+stepping seconds (/get_load ``busy_fraction``) over the window's wall time (busy) and over its
+arrival span (load: above 1 the queue grows over the window). Before the runs: the window's
+ceiling (share of its prompt tokens in leading blocks an earlier request sent) and the
+simulator's predicted hit rate for the same warmed window (``sim_hit_rates``).
 
-    flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --num-requests 200 --qps 1.0
+    flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --warm-requests 300 \
+        --num-requests 150 --block-tokens 4 --qps 1.8 [--off-first]
 """
 
 from __future__ import annotations
@@ -218,8 +224,8 @@ def main() -> None:
                    help="replay the trace's first N prompts first (prefill only, untimed) to warm the cache")
     p.add_argument("--warm-concurrency", type=int, default=8, help="warm-up requests in flight at most")
     p.add_argument("--num-requests", type=int, default=150, help="measured window: the requests after the warm-up")
-    p.add_argument("--qps", type=float, default=1.0, help="mean arrival rate after rescaling (req/s)")
-    p.add_argument("--block-tokens", type=int, default=16, help="tokens per Mooncake block (512 in the trace)")
+    p.add_argument("--qps", type=float, default=1.8, help="mean arrival rate after rescaling (req/s)")
+    p.add_argument("--block-tokens", type=int, default=4, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
     p.add_argument("--off-first", action="store_true", help="run the cache-off server first")
