@@ -17,7 +17,7 @@ ceiling (share of its prompt tokens in leading blocks an earlier request sent) a
 simulator's predicted hit rate for the same warmed window (``sim_hit_rates``).
 
     flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --warm-requests 300 \
-        --num-requests 150 --block-tokens 4 --qps 1.8 [--off-first]
+        --num-requests 150 --block-tokens 4 --qps 2.4 [--off-first]
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def main() -> None:
                    help="replay the trace's first N prompts first (prefill only, untimed) to warm the cache")
     p.add_argument("--warm-concurrency", type=int, default=8, help="warm-up requests in flight at most")
     p.add_argument("--num-requests", type=int, default=150, help="measured window: the requests after the warm-up")
-    p.add_argument("--qps", type=float, default=1.8, help="mean arrival rate after rescaling (req/s)")
+    p.add_argument("--qps", type=float, default=2.4, help="mean arrival rate after rescaling (req/s)")
     p.add_argument("--block-tokens", type=int, default=4, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
