@@ -1,17 +1,23 @@
 """Mooncake conversation replay, prefix cache on vs off on the same server build (issue 30 bar).
 
-The first ``--num-requests`` of Mooncake's conversation trace, scaled to a CPU: each 512-token
-``hash_id`` block becomes ``--block-tokens`` tokens (one fixed random block per id: equal ids,
-equal tokens, so prefixes hit exactly where the trace says) and the engine's page is one block;
-outputs are capped at ``--max-output``; arrivals keep the trace's shape, rescaled to ``--qps``.
-One colocated server (SmolLM2-135M shape, dummy weights) runs the replay twice: with its radix
-cache, then with ``--disable-radix-cache``. Per run: the engine's hit rate (/get_load
-``cache_hit_rate``: cached / admitted prompt tokens) and TTFT p50/p90 (streamed first token).
-The simulator predicts the hit rate of the same requests over the same hash_ids (512-token
-blocks, capacity = the engine pool in blocks): its cache model alone, and the whole simulator
-(``sim_hit_rates`` says how they differ).
+Mooncake's conversation trace scaled to a CPU: each 512-token ``hash_id`` block becomes
+``--block-tokens`` tokens (one fixed random block per id: equal ids, equal tokens, so prefixes
+hit exactly where the trace says) and the engine's page is one block; outputs are capped at
+``--max-output``. The trace's first ``--warm-requests`` prompts are prefilled first (one output
+token, ``--warm-concurrency`` at a time, untimed): the trace's first requests share almost
+nothing, its follow-up turns resend histories sent earlier, so a window measured after a
+warm-up is the representative one. Then the next ``--num-requests`` are measured, arrivals
+keeping the trace's shape rescaled to ``--qps``. One colocated server (SmolLM2-135M shape,
+dummy weights) runs all this twice, with its radix cache and with ``--disable-radix-cache``:
+the same requests, the warm-up included. Per run: the window's hit rate (meta_info
+``cached_tokens`` / prompt tokens), TTFT p50/p90 (streamed first token), and the engine's
+stepping seconds (/get_load ``busy_fraction``) over the window's wall time (busy) and over its
+arrival span (load: above 1 the queue grows over the window). Before the runs: the window's
+ceiling (share of its prompt tokens in leading blocks an earlier request sent) and the
+simulator's predicted hit rate for the same warmed window (``sim_hit_rates``).
 
-    flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --num-requests 200 --qps 1.0
+    flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --warm-requests 300 \
+        --num-requests 150 --block-tokens 4 --qps 2.4 [--off-first]
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import free_port, stop, wait_healthy
 
-from sglang_pd.bench.traces import load_mooncake_jsonl
+from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
+from sglang_pd.core.load_signals import BUSY_WINDOW_S
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "data/traces/mooncake/conversation_trace.jsonl"
@@ -40,22 +47,40 @@ MOONCAKE_BLOCK = 512
 VOCAB = 49152  # SmolLM2's vocabulary
 
 
-def build_requests(a: argparse.Namespace) -> list[tuple[float, list[int], int]]:
-    """(arrival s, prompt ids, max new tokens) per request, arrivals rescaled to ``a.qps``."""
-    recs = load_mooncake_jsonl(a.trace, a.num_requests)
-    t0 = recs[0].arrival_s
-    span = max(recs[-1].arrival_s - t0, 1e-9)
-    scale = (len(recs) - 1) / a.qps / span  # mean rate a.qps, the trace's gaps kept in shape
-    out = []
-    for r in recs:
-        n = max(-(-r.input_len * a.block_tokens // MOONCAKE_BLOCK), 1)
-        ids: list[int] = []
-        for h in r.hash_ids:
-            ids += np.random.default_rng(h).integers(10, VOCAB, size=a.block_tokens).tolist()
-        if len(ids) < n:  # past the last block: fresh tokens
-            ids += np.random.default_rng(10**9 + len(out)).integers(10, VOCAB, size=n - len(ids)).tolist()
-        out.append(((r.arrival_s - t0) * scale, ids[:n], max(1, min(r.output_len, a.max_output))))
-    return out
+Request = tuple[float, list[int], int]  # (arrival s, prompt ids, max new tokens)
+
+
+def load_window(a: argparse.Namespace) -> tuple[list[TraceRecord], list[TraceRecord]]:
+    """The trace's first ``a.warm_requests`` records (the warm-up) and the ``a.num_requests``
+    after them (the measured window)."""
+    recs = load_mooncake_jsonl(a.trace, a.warm_requests + a.num_requests)
+    if len(recs) < a.warm_requests + a.num_requests:
+        raise SystemExit(f"{a.trace} has only {len(recs)} requests")
+    return recs[: a.warm_requests], recs[a.warm_requests:]
+
+
+def prompt_ids(rec: TraceRecord, block_tokens: int, index: int) -> list[int]:
+    """One fixed random block of ``block_tokens`` per hash_id (equal ids, equal tokens), cut to
+    the prompt's scaled length; past the last block, tokens fresh to request ``index``."""
+    n = max(-(-rec.input_len * block_tokens // MOONCAKE_BLOCK), 1)
+    ids: list[int] = []
+    for h in rec.hash_ids:
+        ids += np.random.default_rng(h).integers(10, VOCAB, size=block_tokens).tolist()
+    if len(ids) < n:
+        ids += np.random.default_rng(10**9 + index).integers(10, VOCAB, size=n - len(ids)).tolist()
+    return ids[:n]
+
+
+def build_requests(a: argparse.Namespace) -> tuple[list[list[int]], list[Request]]:
+    """The warm-up's prompts, and the measured window's requests with arrivals (from 0)
+    rescaled to a mean of ``a.qps``, the trace's gaps kept in shape."""
+    warm_recs, recs = load_window(a)
+    warm = [prompt_ids(r, a.block_tokens, i) for i, r in enumerate(warm_recs)]
+    times = [r.arrival_s or 0.0 for r in recs]
+    scale = (len(recs) - 1) / a.qps / max(times[-1] - times[0], 1e-9)
+    out = [((t - times[0]) * scale, prompt_ids(r, a.block_tokens, a.warm_requests + i),
+            max(1, min(r.output_len, a.max_output))) for i, (t, r) in enumerate(zip(times, recs))]
+    return warm, out
 
 
 async def one(client: httpx.AsyncClient, url: str, at: float, t0: float, ids: list[int],
@@ -78,13 +103,58 @@ async def one(client: httpx.AsyncClient, url: str, at: float, t0: float, ids: li
     return first, cached, len(ids)
 
 
-async def replay(url: str, reqs: list[tuple[float, list[int], int]]) -> list[tuple[float, int, int]]:
+async def warm_up(url: str, prompts: list[list[int]], concurrency: int) -> None:
+    """Prefill each warm-up prompt (one output token), at most ``concurrency`` at a time, in
+    trace order: untimed, the same work for the cache-on and cache-off servers."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def send(client: httpx.AsyncClient, ids: list[int]) -> None:
+        async with gate:
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            (await client.post(url + "/generate", json=body)).raise_for_status()
+
+    async with httpx.AsyncClient(timeout=900) as client:
+        await asyncio.gather(*(send(client, ids) for ids in prompts))
+
+
+async def busy_seconds(url: str, client: httpx.AsyncClient, stop_at: asyncio.Event) -> tuple[float, float]:
+    """Seconds the engine spent stepping until ``stop_at`` is set, and the longest /get_load
+    answer (what the sum may have missed): /get_load's busy_fraction covers the last
+    ``BUSY_WINDOW_S``, so one sample per window adds up without overlap (the last, partial
+    window pro rata)."""
+    slowest = 0.0
+
+    async def busy() -> float:
+        nonlocal slowest
+        t = time.monotonic()
+        load = (await client.get(url + "/get_load", timeout=30)).json()
+        slowest = max(slowest, time.monotonic() - t)
+        return float((load[0] if isinstance(load, list) else load).get("busy_fraction", 0.0)) * BUSY_WINDOW_S
+
+    total, last = 0.0, time.monotonic()
+    while True:
+        try:
+            await asyncio.wait_for(stop_at.wait(), BUSY_WINDOW_S - (time.monotonic() - last))
+        except asyncio.TimeoutError:
+            total, last = total + await busy(), time.monotonic()
+            continue
+        return total + await busy() * min(1.0, (time.monotonic() - last) / BUSY_WINDOW_S), slowest
+
+
+async def replay(url: str, reqs: list[Request]) -> tuple[list[tuple[float, int, int]], tuple[float, float]]:
+    """The measured window: per request (TTFT, cached, prompt tokens); the engine's busy s and
+    the slowest load poll."""
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=len(reqs) + 8)) as client:
+        done = asyncio.Event()
+        meter = asyncio.create_task(busy_seconds(url, client, done))
         t0 = time.monotonic() + 0.5
-        return await asyncio.gather(*(one(client, url, at, t0, ids, new) for at, ids, new in reqs))
+        res = await asyncio.gather(*(one(client, url, at, t0, ids, new) for at, ids, new in reqs))
+        done.set()
+        return list(res), await meter
 
 
-def run_server(a: argparse.Namespace, model_dir: str, cache: bool, reqs, log_dir: Path) -> dict:
+def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[list[int]], reqs: list[Request],
+               log_dir: Path) -> dict:
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port), "--mode", "colocated",
@@ -99,7 +169,9 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, reqs, log_dir
         if not wait_healthy(url, proc, 300):
             raise SystemExit(f"server did not start; see {log.name}")
         t = time.monotonic()
-        res = asyncio.run(replay(url, reqs))
+        asyncio.run(warm_up(url, warm, a.warm_concurrency))
+        warm_s, t = time.monotonic() - t, time.monotonic()
+        res, (busy, slowest_poll) = asyncio.run(replay(url, reqs))
         wall = time.monotonic() - t
         load = httpx.get(url + "/get_load", timeout=30).json()
         load = load[0] if isinstance(load, list) else load
@@ -107,74 +179,93 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, reqs, log_dir
         stop(proc)
         log.close()
     ttft = np.array([r[0] for r in res])
-    return {"cache": cache, "hit_rate": float(load.get("cache_hit_rate", 0.0)),
-            "hit_rate_meta": sum(r[1] for r in res) / sum(r[2] for r in res),
+    span = max(reqs[-1][0] - reqs[0][0], 1e-9)
+    return {"cache": cache, "hit_rate": sum(r[1] for r in res) / sum(r[2] for r in res),
+            "hit_rate_with_warm": float(load.get("cache_hit_rate", 0.0)),
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p90_s": float(np.percentile(ttft, 90)),
-            "wall_s": wall}
+            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": busy / wall, "load": busy / span,
+            "slowest_load_poll_s": slowest_poll, "ttft_s": ttft.round(3).tolist()}
 
 
-def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float]:
-    """The simulator's predicted hit rate, two ways, both with a cache holding as many 512-token
-    blocks as the engine pool holds pages: (1) its prefix-cache model (sim/prefix_cache.py, the
-    engine's RadixCache over hash_ids) fed the requests in arrival order, each prefill done
-    before the next lookup (what the engine sees when it admits in arrival order, since it
-    looks a hit up again until admission); (2) the whole simulator (``python -m sglang_pd.sim
-    run``, one colocated instance), which looks a hit up once, at arrival: requests that arrive
-    together (the trace has many equal timestamps) miss what the others will cache."""
-    from sglang_pd.sim.prefix_cache import PrefixCache
+def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float, float | None]:
+    """The window's hit-rate ceiling and the simulator's predicted hit rate, the cache holding as
+    many 512-token blocks as the engine pool holds pages, both after the warm-up's prompts:
+    (1) the ceiling: an unbounded cache (``replay_hit_rate``); (2) the simulator's prefix-cache
+    model (sim/prefix_cache.py, the engine's RadixCache over hash_ids) fed the requests in arrival
+    order, each prefill done before the next lookup (what the engine sees when it admits in
+    arrival order, since it looks a hit up again until admission); (3) the whole simulator
+    (``python -m sglang_pd.sim run``, one colocated instance, its cache warmed by the warm-up's
+    records through ``--window``), which looks a hit up once, at arrival: requests that arrive
+    together (the trace has many equal timestamps) miss what the others will cache. (3) is None
+    when the window is longer than a non-empty warm-up (``--window`` cannot express it)."""
+    from sglang_pd.sim.prefix_cache import replay_hit_rate
 
     cap = a.max_total_tokens // a.block_tokens * MOONCAKE_BLOCK
-    model = PrefixCache(cap)
-    for r in load_mooncake_jsonl(a.trace, a.num_requests):
-        model.match(r.hash_ids, r.input_len)
-        model.insert(r.hash_ids)
-    out = subprocess.run([sys.executable, "-m", "sglang_pd.sim", "run", "--trace", str(a.trace), "--limit",
+    warm_recs, recs = load_window(a)
+    warm, window = [r.hash_ids for r in warm_recs], [(r.hash_ids, r.input_len) for r in recs]
+    ceiling, model = replay_hit_rate(warm, window), replay_hit_rate(warm, window, cap)
+    if a.warm_requests and a.num_requests > a.warm_requests:
+        return ceiling, model, None
+    sel = ["--window", str(a.warm_requests), "--window-index", "1"] if a.warm_requests else []
+    out = subprocess.run([sys.executable, "-m", "sglang_pd.sim", "run", "--trace", str(a.trace), *sel, "--limit",
                           str(a.num_requests), "--colocated", "1", "--prefill", "0", "--decode", "0",
                           "--prefix-cache-tokens", str(cap), "--kv-capacity-tokens", str(cap)],
                          capture_output=True, text=True, timeout=600)
     m = re.search(r"prefix hits ([0-9.]+)%", out.stdout)
     if m is None:
         raise SystemExit(f"simulator gave no hit rate:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return model.hit_rate, float(m.group(1)) / 100
+    return ceiling, model, float(m.group(1)) / 100
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=TRACE)
-    p.add_argument("--num-requests", type=int, default=200)
-    p.add_argument("--qps", type=float, default=1.0, help="mean arrival rate after rescaling (req/s)")
-    p.add_argument("--block-tokens", type=int, default=16, help="tokens per Mooncake block (512 in the trace)")
+    p.add_argument("--warm-requests", type=int, default=300,
+                   help="replay the trace's first N prompts first (prefill only, untimed) to warm the cache")
+    p.add_argument("--warm-concurrency", type=int, default=8, help="warm-up requests in flight at most")
+    p.add_argument("--num-requests", type=int, default=150, help="measured window: the requests after the warm-up")
+    p.add_argument("--qps", type=float, default=2.4, help="mean arrival rate after rescaling (req/s)")
+    p.add_argument("--block-tokens", type=int, default=4, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
     p.add_argument("--off-first", action="store_true", help="run the cache-off server first")
     p.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     a = p.parse_args()
-    reqs = build_requests(a)
+    if a.warm_requests < 0 or a.num_requests < 2 or a.warm_concurrency < 1 or a.qps <= 0:
+        p.error("need --warm-requests >= 0, --num-requests >= 2, --warm-concurrency >= 1, --qps > 0")
+    warm, reqs = build_requests(a)
+    ceiling, sim, sim_full = sim_hit_rates(a)
+    print(f"Mooncake conversation trace: warm-up = requests 1-{a.warm_requests} (prefill only, untimed), "
+          f"window = the next {len(reqs)} at {a.qps:g} req/s ({sum(len(r[1]) for r in reqs)} prompt tokens); "
+          f"{a.block_tokens} tokens per block, <= {a.max_output} output tokens; SmolLM2-135M shape, dummy "
+          f"weights, float32, CPU")
+    print(f"window's ceiling: {ceiling:.1%} of its prompt tokens lie in leading blocks an earlier request sent")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(Path(tmp) / "smollm2")
         subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_dummy_config", "smollm2-135m", model_dir],
                        check=True, capture_output=True)
         log_dir = Path(tempfile.mkdtemp(prefix="prefix_replay_"))
         order = (False, True) if a.off_first else (True, False)  # alternate to see machine drift
-        runs = sorted((run_server(a, model_dir, c, reqs, log_dir) for c in order), key=lambda r: not r["cache"])
-    sim, sim_full = sim_hit_rates(a)
-    on, off = runs
-    prompt_toks = sum(len(r[1]) for r in reqs)
-    print(f"Mooncake conversation trace, first {len(reqs)} requests, {a.block_tokens} tokens per block "
-          f"({prompt_toks} prompt tokens), <= {a.max_output} output tokens, {a.qps:g} req/s; "
-          f"SmolLM2-135M shape, dummy weights, float32, CPU; server logs in {log_dir}")
-    print(f"{'cache':>6} {'hit rate':>9} {'TTFT p50 s':>11} {'TTFT p90 s':>11} {'wall s':>7}")
+        runs = [run_server(a, model_dir, c, warm, reqs, log_dir) for c in order]
+    print(f"server logs in {log_dir}; busy = engine stepping s / window wall, load = stepping s / arrival span")
+    print(f"{'cache':>6} {'hit rate':>9} {'TTFT p50 s':>11} {'TTFT p90 s':>11} {'wall s':>7} {'busy':>5} "
+          f"{'load':>5} {'warm-up s':>9}")
     for r in runs:
         print(f"{'on' if r['cache'] else 'off':>6} {r['hit_rate']:>9.1%} {r['ttft_p50_s']:>11.3f} "
-              f"{r['ttft_p90_s']:>11.3f} {r['wall_s']:>7.1f}")
+              f"{r['ttft_p90_s']:>11.3f} {r['wall_s']:>7.1f} {r['busy_share']:>5.2f} {r['load']:>5.2f} "
+              f"{r['warm_s']:>9.1f}")
+    on, off = sorted(runs, key=lambda r: not r["cache"])
     print(f"TTFT p50 off/on: {off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x, p90 off/on: "
           f"{off['ttft_p90_s'] / on['ttft_p90_s']:.2f}x")
-    print(f"hit rate: engine {on['hit_rate']:.1%} (per-request meta_info {on['hit_rate_meta']:.1%}); "
-          f"simulator's cache model {sim:.1%} ({100 * (sim - on['hit_rate']):+.1f} points); whole simulator "
-          f"(lookup at arrival only) {sim_full:.1%} ({100 * (sim_full - on['hit_rate']):+.1f} points)")
+    full = "n/a (window longer than the warm-up)" if sim_full is None else \
+        f"{sim_full:.1%} ({100 * (sim_full - on['hit_rate']):+.1f} points)"
+    print(f"window hit rate: engine {on['hit_rate']:.1%} (meta_info cached_tokens; with the warm-up "
+          f"{on['hit_rate_with_warm']:.1%}); simulator's cache model {sim:.1%} ({100 * (sim - on['hit_rate']):+.1f} "
+          f"points); whole simulator (lookup at arrival only) {full}")
     if a.out:
         a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "runs": runs,
-                                     "sim_hit_rate": sim, "sim_full_hit_rate": sim_full}, indent=1))
+                                     "ceiling": ceiling, "sim_hit_rate": sim, "sim_full_hit_rate": sim_full},
+                                    indent=1))
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ class Dispatcher:
             excluded = frozenset(avoid)
             try:
                 prefill = self._pick("prefill", self.prefill_policy, route_req, excluded)
+                hit = self.prefill_policy.last_pick_hit  # expected cached there (cache_aware)
                 decode = self._pick("decode", self.decode_policy, route_req, excluded)
             except RouteError as e:
                 last_error = e
@@ -151,7 +152,7 @@ class Dispatcher:
             sent_after = time.monotonic() - t_arrival
             result = await self._try_pair(request, path, payload, headers, route_req, stream,
                                           None if local else prefill, decode, body, resume,
-                                          handoff)
+                                          handoff, 0 if local else hit)
             if isinstance(result, (web.StreamResponse, _Handoff)):
                 on_first_send(sent_after)  # the router's share of the answered try
                 return result
@@ -176,9 +177,10 @@ class Dispatcher:
     async def _try_pair(self, request: web.Request, path: str, data: bytes,
                         headers: bytes, route_req: RouteRequest, stream: bool,
                         prefill: Worker | None, decode: Worker, body: dict[str, Any],
-                        resume: Resume | None = None, handoff: bool = False
+                        resume: Resume | None = None, handoff: bool = False, hit: int = 0
                         ) -> web.StreamResponse | AttemptError | _Handoff:
-        tokens = max(route_req.prompt_len - route_req.cached_len, 0)
+        # queued work charged to the prefill: the prompt less what its policy expects cached
+        tokens = max(route_req.prompt_len - route_req.cached_len - hit, 0)
         loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
         if prefill is None:  # prefilled on decode: no prefill leg (an answered one stands in)
             p_task: asyncio.Future = loop.create_future()

@@ -6,6 +6,7 @@ within the load slack."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -217,3 +218,39 @@ def test_decode_reuse_slack_flag_reaches_the_decode_policy() -> None:
     assert service.decode_policy.cfg.decode_reuse_slack == 5
     with pytest.raises(ValueError, match="decode_reuse_slack"):
         cfg("--decode-reuse-slack", "-1")
+
+
+def test_the_pick_leaves_its_expected_hit_for_the_queue_charge() -> None:
+    pol = CacheAwarePolicy()
+    history = list(range(160))
+    assert pol.select(_req(history), _workers(), 0.0) == 0 and pol.last_pick_hit == 0
+    follow_up = history + list(range(1000, 1080))  # 15 blocks, the first 10 routed to p0
+    assert pol.select(_req(follow_up), _workers(), 0.0) == 0
+    assert pol.last_pick_hit == 240 * 10 // 15
+    assert pol.select(_req(list(range(5000, 5100))), _workers(), 0.0) is not None
+    assert pol.last_pick_hit == 0  # nothing of it routed before
+
+
+async def test_router_charges_the_prefill_queue_only_the_uncached_part() -> None:
+    async with router_cluster(1, 1, prefill_policy="cache_aware") as c:
+        history = list(range(96))  # 6 blocks
+        body = {"input_ids": history, "sampling_params": {"max_new_tokens": 2}}
+        async with c.client.post(c.url + "/generate", json=body) as r:
+            assert r.status == 200, await r.text()
+        c.prefills[0].behaviour.delay_s = 0.5  # hold the follow-up's prefill leg
+        body = {"input_ids": history + list(range(1000, 1032)), "sampling_params": {"max_new_tokens": 2}}
+        task = asyncio.create_task(c.client.post(c.url + "/generate", json=body))
+        worker = c.service.registry.by_kind["prefill"][0]
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if worker.in_flight:
+                break
+        # 128 tokens, 6 of its 8 blocks routed there before: 96 expected cached, 32 charged
+        assert worker.in_flight == 1 and worker.outstanding_prefill_tokens == 32
+        async with await task as r:
+            assert r.status == 200, await r.text()
+        for _ in range(200):  # the held prefill leg may end after the answer
+            if not worker.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.outstanding_prefill_tokens == 0  # the charge given back, not more

@@ -12,7 +12,7 @@ the instance's KV pool (no request locks its blocks), as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sglang_pd.core.page_allocator import PageAllocator
 from sglang_pd.core.radix_cache import RadixCache
@@ -64,3 +64,23 @@ class PrefixCache:
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+def replay_hit_rate(warm: Iterable[Sequence[int]], window: Iterable[tuple[Sequence[int], int]],
+                    capacity_tokens: int | None = None) -> float:
+    """Hit rate of ``window`` ((hash_ids, prompt_len) per request, in arrival order) on a cache
+    first filled with the ``warm`` prompts' blocks, each request's blocks inserted before the
+    next lookup (an engine admitting in order, its earlier prefills done). ``capacity_tokens``
+    None: unbounded, the window's ceiling (its share of tokens in leading blocks some earlier
+    prompt sent); else the bounded cache's prediction. Only the window's lookups count."""
+    if capacity_tokens is None:
+        warm, window = list(warm), list(window)
+        blocks = sum(len(h) for h in warm) + sum(len(h) for h, _ in window)
+        capacity_tokens = (blocks + 1) * BLOCK_TOKENS
+    cache = PrefixCache(capacity_tokens)
+    for ids in warm:
+        cache.insert(ids)
+    for ids, prompt_len in window:
+        cache.match(ids, prompt_len)
+        cache.insert(ids)
+    return cache.hit_rate

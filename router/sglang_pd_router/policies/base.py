@@ -96,6 +96,9 @@ class RoutingPolicy(ABC):
     # the router fills RouteRequest.prefix_blocks (hashing the prompt) only for a policy that
     # reads them (cache_aware), so the others pay nothing
     reads_prefix_blocks: bool = False
+    # prompt tokens the last ``select`` expects already cached on the worker it picked (set by
+    # cache_aware): the router nets them out of the queued prefill work it charges that worker
+    last_pick_hit: int = 0
 
     def __init__(self, cfg: RoutingConfig | None = None, seed: int | None = None) -> None:
         self.cfg = cfg if cfg is not None else RoutingConfig()

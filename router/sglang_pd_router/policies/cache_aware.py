@@ -12,6 +12,8 @@ pool (PLA-Serve's short/long split, the same fallback) the worker with the least
 to prefill this prompt, ``(queued tokens + prompt tokens not expected cached) / throughput``.
 An idle worker holding the history wins; a loaded one loses once its queue outweighs the
 recomputation it would save. Ties: fewer in flight, a dedicated pool member, lower index.
+The pick's expected hit is left in ``last_pick_hit``: the router charges the worker's queue
+only the prompt tokens not expected cached, as the cost above assumed.
 
 Blocks: the router passes token ids in blocks of ``ID_BLOCK`` ids, or text in blocks of
 ``TEXT_BLOCK`` characters (``prefix_blocks``); the simulator passes Mooncake ``hash_ids`` (one
@@ -122,6 +124,7 @@ class CacheAwarePolicy(LengthAwarePolicy):
         return req.prompt_len * index.match(hashes) // len(hashes)
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> int | None:
+        self.last_pick_hit = 0
         decode = [i for i, w in enumerate(workers) if w.healthy and w.kind == "decode"]
         if decode and req.prefix_blocks:
             return self._select_decode(req, workers, decode)
@@ -140,6 +143,7 @@ class CacheAwarePolicy(LengthAwarePolicy):
                     0 if w.prefill_role == cls else 1, i)
 
         best = min(pool, key=key)
+        self.last_pick_hit = min(self.expected_hit(req, workers[best], hashes), base_new)
         self.indexes.setdefault(workers[best].url, PrefixIndex()).insert(hashes)
         return best
 
