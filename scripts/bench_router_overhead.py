@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 
 BODY = {"text": "hello router", "sampling_params": {"max_new_tokens": 4}, "stream": True}
 
@@ -139,8 +140,73 @@ async def one_stream(client: aiohttp.ClientSession, url: str, out: Samples) -> N
         out.errors += 1
 
 
-async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, duration: float
-                    ) -> Samples:
+class _ShadowConn(asyncio.Protocol):
+    """One keep-alive connection of the baseline's prefill shadow: writes a pre-built request
+    and waits for the end of the chunked answer, parsing nothing else (cheap for the client)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.tail = b""
+        self.done: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-5:]
+        if self.tail == b"0\r\n\r\n" and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("prefill stub closed the connection"))
+
+
+class PrefillShadow:
+    """The direct baseline's stand-in for a router's prefill leg: the same streamed request to
+    the prefill stub for each baseline request, so the stubs' core carries the same stub work
+    with and without a router (otherwise the routed runs' extra prefill-stub work on the shared
+    core is charged to the router). Sent on raw keep-alive sockets so the client adds little."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        body = orjson.dumps(BODY)
+        self.request = (f"POST /generate HTTP/1.1\r\nHost: {url.removeprefix('http://')}\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                        ).encode() + body
+        self.idle: list[_ShadowConn] = []
+        self.errors = 0
+
+    async def send(self) -> None:
+        loop = asyncio.get_running_loop()
+        conn: _ShadowConn | None = None
+        try:
+            if self.idle:
+                conn = self.idle.pop()
+            else:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(_ShadowConn, self.host, self.port), 10)
+            assert conn is not None
+            conn.tail, conn.done = b"", loop.create_future()
+            assert conn.transport is not None
+            conn.transport.write(self.request)
+            await asyncio.wait_for(conn.done, 30)
+            self.idle.append(conn)
+        except (OSError, asyncio.TimeoutError):
+            self.errors += 1
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()
+
+    def close(self) -> None:
+        for conn in self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
+        self.idle.clear()
+
+
+async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, duration: float,
+                    shadow: PrefillShadow | None = None) -> Samples:
     out = Samples()
     tasks = []
     start = time.perf_counter()
@@ -149,6 +215,8 @@ async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, durati
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+        if shadow is not None:
+            tasks.append(asyncio.ensure_future(shadow.send()))
         tasks.append(asyncio.ensure_future(one_stream(client, url, out)))
     await asyncio.gather(*tasks)
     return out
@@ -249,7 +317,11 @@ async def bench(args: argparse.Namespace) -> None:
             await wait_ready(client, decode)
             stubs = [fast_prefill.proc.pid, decode.proc.pid]
             ticks, side0 = core_busy(), side_cpu(stubs)
-            base = await open_loop(client, decode.url, args.rate, args.duration)
+            shadow = None if args.baseline == "decode" else PrefillShadow(fast_prefill.url)
+            base = await open_loop(client, decode.url, args.rate, args.duration, shadow)
+            if shadow is not None:
+                shadow.close()
+                base.errors += shadow.errors
             loads = (busy_share(ticks, router_core), busy_share(ticks, other_core),
                      *side_us(side0, side_cpu(stubs), len(base.first)))
             base_rps, _ = await closed_loop(client, decode.url, args.concurrency, args.duration)
@@ -334,6 +406,10 @@ def main() -> None:
     p.add_argument("--late-ms", type=float, default=500.0)
     p.add_argument("--late-requests", type=int, default=10)
     p.add_argument("--routers", nargs="+", default=["ours", "smg"], choices=["ours", "smg"])
+    p.add_argument("--baseline", choices=["pair", "decode"], default="pair",
+                   help="pair: each direct request also sends the prefill stub the same request "
+                   "(a router's prefill leg), so the stubs' core does the same work in every "
+                   "phase; decode: the decode stub only (the measurement before wave 3 session 5)")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--log-dir", default="/tmp/bench_router_overhead")
     p.add_argument("--runs", type=int, default=1,
