@@ -6,7 +6,11 @@ the router's. For each router the script measures, in one run:
 
 - added latency to the first byte and to the last, p50 and p99, on streamed ``/generate`` at a
   fixed open-loop rate (default 500 req/s): the router's percentile minus the same percentile
-  sent straight to the decode stub (no pairing per request is possible);
+  sent straight to the decode stub (no pairing per request is possible). The direct requests
+  also send the prefill stub the same request (``--baseline pair``, a router's prefill leg on
+  raw sockets), so the core the stubs and client share carries the same stub work with and
+  without a router; the script prints that core's busy share and the client's and stubs' CPU
+  per request in each open loop, to show when the tail is that core's and not the router's;
 - max requests/s: closed loop, non-streamed, ``--concurrency`` in flight, and the router's CPU
   time per request in that phase (``/proc/PID/stat`` utime+stime, all threads): the steadier
   measure when the machine is shared, since the rate and the tail measure the neighbours too;
