@@ -6,7 +6,11 @@ the router's. For each router the script measures, in one run:
 
 - added latency to the first byte and to the last, p50 and p99, on streamed ``/generate`` at a
   fixed open-loop rate (default 500 req/s): the router's percentile minus the same percentile
-  sent straight to the decode stub (no pairing per request is possible);
+  sent straight to the decode stub (no pairing per request is possible). The direct requests
+  also send the prefill stub the same request (``--baseline pair``, a router's prefill leg on
+  raw sockets), so the core the stubs and client share carries the same stub work with and
+  without a router; the script prints that core's busy share and the client's and stubs' CPU
+  per request in each open loop, to show when the tail is that core's and not the router's;
 - max requests/s: closed loop, non-streamed, ``--concurrency`` in flight, and the router's CPU
   time per request in that phase (``/proc/PID/stat`` utime+stime, all threads): the steadier
   measure when the machine is shared, since the rate and the tail measure the neighbours too;
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import shutil
 import socket
@@ -37,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 
 BODY = {"text": "hello router", "sampling_params": {"max_new_tokens": 4}, "stream": True}
 
@@ -138,8 +144,73 @@ async def one_stream(client: aiohttp.ClientSession, url: str, out: Samples) -> N
         out.errors += 1
 
 
-async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, duration: float
-                    ) -> Samples:
+class _ShadowConn(asyncio.Protocol):
+    """One keep-alive connection of the baseline's prefill shadow: writes a pre-built request
+    and waits for the end of the chunked answer, parsing nothing else (cheap for the client)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.tail = b""
+        self.done: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-5:]
+        if self.tail == b"0\r\n\r\n" and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("prefill stub closed the connection"))
+
+
+class PrefillShadow:
+    """The direct baseline's stand-in for a router's prefill leg: the same streamed request to
+    the prefill stub for each baseline request, so the stubs' core carries the same stub work
+    with and without a router (otherwise the routed runs' extra prefill-stub work on the shared
+    core is charged to the router). Sent on raw keep-alive sockets so the client adds little."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        body = orjson.dumps(BODY)
+        self.request = (f"POST /generate HTTP/1.1\r\nHost: {url.removeprefix('http://')}\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                        ).encode() + body
+        self.idle: list[_ShadowConn] = []
+        self.errors = 0
+
+    async def send(self) -> None:
+        loop = asyncio.get_running_loop()
+        conn: _ShadowConn | None = None
+        try:
+            if self.idle:
+                conn = self.idle.pop()
+            else:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(_ShadowConn, self.host, self.port), 10)
+            assert conn is not None
+            conn.tail, conn.done = b"", loop.create_future()
+            assert conn.transport is not None
+            conn.transport.write(self.request)
+            await asyncio.wait_for(conn.done, 30)
+            self.idle.append(conn)
+        except (OSError, asyncio.TimeoutError):
+            self.errors += 1
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()
+
+    def close(self) -> None:
+        for conn in self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
+        self.idle.clear()
+
+
+async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, duration: float,
+                    shadow: PrefillShadow | None = None) -> Samples:
     out = Samples()
     tasks = []
     start = time.perf_counter()
@@ -148,6 +219,8 @@ async def open_loop(client: aiohttp.ClientSession, url: str, rate: float, durati
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+        if shadow is not None:
+            tasks.append(asyncio.ensure_future(shadow.send()))
         tasks.append(asyncio.ensure_future(one_stream(client, url, out)))
     await asyncio.gather(*tasks)
     return out
@@ -178,11 +251,56 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def core_busy() -> dict[int, tuple[int, int]]:
+    """Per-core (busy, total) jiffies from /proc/stat (Linux), all processes."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *vals = line.split()
+                ticks = [int(v) for v in vals]
+                idle = ticks[3] + ticks[4]  # idle + iowait
+                out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return out
+
+
+def busy_share(before: dict[int, tuple[int, int]], core: int | None) -> float:
+    """Share of ``core``'s time spent busy since ``before`` (nan when unknown)."""
+    if core is None or core not in before:
+        return float("nan")
+    after = core_busy()[core]
+    busy, total = after[0] - before[core][0], after[1] - before[core][1]
+    return busy / total if total else float("nan")
+
+
+def side_cpu(stubs: list[int]) -> tuple[float, float]:
+    """CPU seconds so far of this client process and of the stub processes ``stubs``."""
+    return time.process_time(), sum(map(cpu_s, stubs))
+
+
+def side_us(before: tuple[float, float], after: tuple[float, float], n: int
+            ) -> tuple[float, float]:
+    return ((after[0] - before[0]) / max(n, 1) * 1e6, (after[1] - before[1]) / max(n, 1) * 1e6)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+@dataclass
+class Row:
+    name: str
+    samples: Samples  # open loop, streamed
+    rps: float  # closed loop
+    late: Samples | None  # late prefill (None for the baseline)
+    cpu_us: float | None  # router CPU per request in the closed loop (None for the baseline)
+    # busy share of the router's core and of the stubs' and client's core in the open loop
+    # (all processes): near 1.0 on the second means the client or stubs set the tail; then the
+    # client's and the two stubs' CPU per request there (us)
+    loads: tuple[float, float, float, float]
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -196,14 +314,22 @@ async def bench(args: argparse.Namespace) -> None:
     late_prefill = start_stub(args.late_ms, other_core)
     decode = start_stub(0, other_core)
     procs = [fast_prefill, late_prefill, decode]
-    rows = []
+    rows: list[Row] = []
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as client:
             await wait_ready(client, decode)
-            base = await open_loop(client, decode.url, args.rate, args.duration)
+            stubs = [fast_prefill.proc.pid, decode.proc.pid]
+            ticks, side0 = core_busy(), side_cpu(stubs)
+            shadow = None if args.baseline == "decode" else PrefillShadow(fast_prefill.url)
+            base = await open_loop(client, decode.url, args.rate, args.duration, shadow)
+            if shadow is not None:
+                shadow.close()
+                base.errors += shadow.errors
+            loads = (busy_share(ticks, router_core), busy_share(ticks, other_core),
+                     *side_us(side0, side_cpu(stubs), len(base.first)))
             base_rps, _ = await closed_loop(client, decode.url, args.concurrency, args.duration)
-            rows.append(("direct (baseline)", base, base_rps, None, None))
+            rows.append(Row("direct (baseline)", base, base_rps, None, None, loads))
             for kind in args.routers:
                 if kind == "smg" and not _has_smg():
                     print("smg is not installed (pip install smg): skipped")
@@ -212,7 +338,10 @@ async def bench(args: argparse.Namespace) -> None:
                 procs.append(router)
                 await wait_ready(client, router)
                 await open_loop(client, router.url, args.rate, 1.0)  # warm-up
+                ticks, side0 = core_busy(), side_cpu(stubs)
                 lat = await open_loop(client, router.url, args.rate, args.duration)
+                loads = (busy_share(ticks, router_core), busy_share(ticks, other_core),
+                         *side_us(side0, side_cpu(stubs), len(lat.first)))
                 cpu0 = cpu_s(router.proc.pid)
                 rps, done = await closed_loop(client, router.url, args.concurrency,
                                               args.duration)
@@ -225,7 +354,7 @@ async def bench(args: argparse.Namespace) -> None:
                 for _ in range(args.late_requests):
                     await one_stream(client, late.url, late_samples)
                 late.stop()
-                rows.append((kind, lat, rps, late_samples, cpu_us))
+                rows.append(Row(kind, lat, rps, late_samples, cpu_us, loads))
     finally:
         for p in procs:
             p.stop()
@@ -233,38 +362,42 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def _has_smg() -> bool:
-    try:
-        import smg  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("smg") is not None
 
 
-def print_table(rows, base: Samples, args: argparse.Namespace) -> None:
+def print_table(rows: list[Row], base: Samples, args: argparse.Namespace) -> None:
     ms = 1000.0
     print(f"\nrate {args.rate:g} req/s for {args.duration:g} s (streamed /generate, 4 tokens); "
           f"max req/s: closed loop, {args.concurrency} in flight; late prefill: "
-          f"{args.late_ms:g} ms, {args.late_requests} sequential requests")
+          f"{args.late_ms:g} ms, {args.late_requests} sequential requests; busy: share of the "
+          f"router's core / the stubs' and client's core in the open loop; client/stubs us: the "
+          f"client's and the stubs' CPU per request in the open loop")
     print(f"{'router':<18} {'n':>6} {'err':>4} {'+first p50':>11} {'+first p99':>11} "
           f"{'+last p50':>10} {'+last p99':>10} {'max req/s':>10} {'cpu us/req':>10} "
-          f"{'late-prefill first p50':>23}")
-    for name, s, rps, late, cpu in rows:
-        def added(values: list[float], ref: list[float], q: float) -> str:
-            return f"{(pct(values, q) - pct(ref, q)) * ms:.2f}"
+          f"{'busy':>9} {'client/stubs us':>15} {'late-prefill first p50':>23}")
+
+    def added(values: list[float], ref: list[float], q: float) -> str:
+        return f"{(pct(values, q) - pct(ref, q)) * ms:.2f}"
+
+    for r in rows:
+        s, late, cpu = r.samples, r.late, r.cpu_us
         late_text = "-" if late is None else (
             f"{statistics.median(late.first) * ms:.1f} ms" if late.first else "errors")
-        print(f"{name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
+        busy = f"{r.loads[0]:.2f}/{r.loads[1]:.2f}"
+        side = f"{r.loads[2]:.0f}/{r.loads[3]:.0f}"
+        print(f"{r.name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
               f"{added(s.first, base.first, 99):>11} {added(s.last, base.last, 50):>10} "
-              f"{added(s.last, base.last, 99):>10} {rps:>10.0f} "
-              f"{'-' if cpu is None else f'{cpu:.0f}':>10} {late_text:>23}")
-    by_name = {name: (s, rps, cpu) for name, s, rps, _, cpu in rows}
+              f"{added(s.last, base.last, 99):>10} {r.rps:>10.0f} "
+              f"{'-' if cpu is None else f'{cpu:.0f}':>10} {busy:>9} {side:>15} {late_text:>23}")
+    by_name = {r.name: r for r in rows}
     if "ours" in by_name and "smg" in by_name:
-        (ours, ours_rps, ours_cpu), (smg, smg_rps, smg_cpu) = by_name["ours"], by_name["smg"]
-        p99 = [(pct(x.first, 99) - pct(base.first, 99)) * ms for x in (ours, smg)]
+        ours, smg = by_name["ours"], by_name["smg"]
+        p99 = [(pct(x.samples.first, 99) - pct(base.first, 99)) * ms for x in (ours, smg)]
         ratio = p99[0] / p99[1] if p99[1] > 0 else float("inf")
+        cpu_ratio = (ours.cpu_us or 0.0) / (smg.cpu_us or float("nan"))
         print(f"ours/smg: added first p99 {p99[0]:.2f}/{p99[1]:.2f} ms = {ratio:.2f}x "
-              f"(bar: under 2 ms and at most 1.5x); max req/s {ours_rps / smg_rps:.2f}x "
-              f"(bar: at least 0.9x); cpu/request {ours_cpu / smg_cpu:.2f}x")
+              f"(bar: under 2 ms and at most 1.5x); max req/s {ours.rps / smg.rps:.2f}x "
+              f"(bar: at least 0.9x); cpu/request {cpu_ratio:.2f}x")
     print(f"(baseline absolute: first p50 {pct(base.first, 50) * ms:.2f} ms, "
           f"p99 {pct(base.first, 99) * ms:.2f} ms; added = router percentile - baseline's)")
 
@@ -277,13 +410,17 @@ def main() -> None:
     p.add_argument("--late-ms", type=float, default=500.0)
     p.add_argument("--late-requests", type=int, default=10)
     p.add_argument("--routers", nargs="+", default=["ours", "smg"], choices=["ours", "smg"])
+    p.add_argument("--baseline", choices=["pair", "decode"], default="pair",
+                   help="pair: each direct request also sends the prefill stub the same request "
+                   "(a router's prefill leg), so the stubs' core does the same work in every "
+                   "phase; decode: the decode stub only (the measurement before wave 3 session 5)")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--log-dir", default="/tmp/bench_router_overhead")
     p.add_argument("--runs", type=int, default=1,
                    help="repeat the whole measurement (fresh stubs and routers) this many times")
     args = p.parse_args()
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
         uvloop.install()
     except ImportError:

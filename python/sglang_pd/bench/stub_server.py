@@ -126,6 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         help="write a small BPE tokenizer.json into DIR and serve DIR as model_path",
     )
     p.add_argument("--lifetime", type=float, default=3600.0, help="exit after this many seconds")
+    try:  # the loop the router runs on: a stub on the stock loop costs the shared core more
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
     asyncio.run(_main(p.parse_args(argv)))
 
 
