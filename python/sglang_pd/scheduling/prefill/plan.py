@@ -37,6 +37,7 @@ from sglang_pd.scheduling.prefill.queue_view import Queue
 from sglang_pd.scheduling.types import PrefillBudget, R
 
 SCAN_MAX = 256  # the tail's candidates past the sorted part sorted and scanned when this few
+FILTER_MIN = 128  # the tail scans a sorted part this long after an array filter, shorter ones as is
 MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the budget)
 
 _NO_POS = np.empty(0, dtype=np.intp)
@@ -166,8 +167,9 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     the rest are filtered by the tokens now left; when at most ``SCAN_MAX`` remain they are
     sorted once and scanned instead (issue 28: a sort of a few dozen and one Python scan cost
     less than an ``argmin`` and a ``compress`` per grant). The sorted part is scanned without
-    an array pre-filter (``_scan``: fewer numpy calls). A started one reaching the budget
-    takes what is left and the step ends; a request with nothing to prefill ends it."""
+    an array pre-filter unless longer than ``FILTER_MIN`` (``_scan``: fewer numpy calls). A
+    started one reaching the budget takes what is left and the step ends; a request with
+    nothing to prefill ends it."""
     rem_all, fresh_all = q.rem, q.fresh
     started = q.n_started > 0
     got: list[int] = []
@@ -244,6 +246,9 @@ def _scan(seg: np.ndarray, rem_all: np.ndarray, fresh_all: np.ndarray, tokens: i
     whether the walk ended here (the tokens or the slots spent, or a request with nothing to
     prefill reached), and the tokens and slots left."""
     lim = min(tokens, chunk) if slots > 0 else -1  # the longest fresh one that may go now
+    if len(seg) > FILTER_MIN:  # long (sjf's tail reads hundreds): those that may go now first,
+        f = fresh_all[seg]  # a superset of those that will (the limits only tighten)
+        seg = seg[~f if slots <= 0 else ~f | (rem_all[seg] <= lim)]
     for i, x, fr in zip(seg.tolist(), rem_all[seg].tolist(), fresh_all[seg].tolist()):
         if fr and x > lim:
             continue  # no slot left, or too long for the tokens left: skipped
