@@ -75,7 +75,11 @@ def run_policy(name: str, n: int, seed: int, kind: str, decisions: int) -> list[
     spread = 1e-3 if seed % 2 == 0 else 1e-6
     reqs = make_reqs(SimReq, n, rng, 0.0, "a", spread)
     reqs.sort(key=lambda r: r.arrival)
-    wq: Any = WaitingQueue(chunk=cfg.chunked_prefill_size)
+    try:  # as the Scheduler makes it (with the no-SLO default: the queue keeps ``due``)
+        from sglang_pd.scheduling.slo import no_slo_ttft_s
+        wq: Any = WaitingQueue(chunk=cfg.chunked_prefill_size, no_slo_s=no_slo_ttft_s(cfg))
+    except TypeError:  # a tree from before the queue kept ``due``
+        wq = WaitingQueue(chunk=cfg.chunked_prefill_size)
     for r in reqs:
         wq.add(r)
     now = n * spread + 1e-4

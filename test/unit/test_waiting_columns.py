@@ -22,6 +22,7 @@ from sglang_pd.scheduling.prefill.common import Order, Queue, fcfs_finish, walk
 from sglang_pd.scheduling.prefill.kairos_plus import RESCUING, URGENT, KairosPlusPrefillPolicy
 from sglang_pd.scheduling.prefill.order import first_of
 from sglang_pd.scheduling.registry import PREFILL_POLICIES, create_prefill_policy
+from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import PrefillBudget
 from sglang_pd.scheduling.waiting import WaitingQueue
 from sglang_pd.sim.request import SimReq
@@ -71,7 +72,9 @@ def test_every_policy_plans_the_same_from_the_columns_as_from_a_list(name: str) 
     for trial in range(40):
         cfg = _cfg(rng, name)
         reqs = _random_reqs(rng, rng.choice((0, 1, 5, 40, 300)))
-        cols = WaitingQueue()
+        # the queue's ``due`` column: kept for the policies' no-SLO default (the Scheduler's
+        # queue), not kept, or kept for another default (the policies must not use it then)
+        cols = WaitingQueue(no_slo_s=(no_slo_ttft_s(cfg), None, 7.0)[trial % 3])
         for r in reqs:
             cols.add(r)
         plain = list(cols)

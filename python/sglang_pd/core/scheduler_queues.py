@@ -13,6 +13,7 @@ from sglang_pd.core.step import ReqState
 from sglang_pd.scheduling.colocated import ColocatedInterleave
 from sglang_pd.scheduling.config import PREFILL_ROLES, PolicyConfig
 from sglang_pd.scheduling.types import DecodePolicy, PrefillPolicy
+from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.waiting import WaitingQueue
 
 
@@ -44,7 +45,7 @@ class SchedulerQueues:
         self.max_prefill_tokens = max(cfg.max_prefill_tokens, cfg.chunked_prefill_size)
         # arrival order, with the columns the prefill policies read (scheduling/waiting.py): every
         # change to a waiting request's lengths goes through here and is written back (refresh)
-        self.waiting: WaitingQueue = WaitingQueue(chunk=cfg.chunked_prefill_size)
+        self.waiting: WaitingQueue = WaitingQueue(chunk=cfg.chunked_prefill_size, no_slo_s=no_slo_ttft_s(cfg))
         self.running: list[SchedulerReq] = []  # admission order
         self.parked: dict[SchedulerReq, None] = {}  # held outside the queues (PD), insertion order
         self.quarantine: dict[object, list[int]] = {}  # pages a peer may still write, by key

@@ -5,7 +5,9 @@ request was most of its cost (hundreds of microseconds at 1,000 waiting). ``Wait
 the arrival-ordered list of requests (a ``list`` subclass: every caller that reads a list,
 compares it with one or concatenates it keeps working) and also holds, position for position,
 numpy columns of the numbers the policies read: arrival, TTFT SLO (NaN when the request has
-none, i.e. ``slo_ttft_s`` is falsy: the policies fill their default), prefilled_len,
+none, i.e. ``slo_ttft_s`` is falsy: the policies fill their default), arrival + SLO with the
+no-SLO default filled in when the queue is given it (``due``: a deadline in one subtraction,
+issue 28), prefilled_len,
 cached_len, prefill_remaining, and each request's work features for the configured chunk size
 (``cost_model.work_features``: chunks, r(r + 2H), context summed over the chunks), from which a
 work estimate is four products and three sums. It also counts neighbour pairs with equal and with
@@ -36,9 +38,9 @@ from sglang_pd.scheduling.types import SchedReq
 # float columns, then int columns (one 2-D array each: an insert or removal shifts one block);
 # remaining and prefilled are also kept as floats (exact: whole numbers below 2**53), which the
 # cost model's array arithmetic reads without a cast per operation
-ARRIVAL, SLO, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(7)
+ARRIVAL, SLO, DUE, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(8)
 PREFILLED, CACHED, REMAINING = 0, 1, 2
-_NF = 7
+_NF = 8
 _MIN_CAP = 64
 
 
@@ -47,6 +49,7 @@ class Columns(NamedTuple):
 
     arrival: np.ndarray
     slo: np.ndarray  # TTFT SLO in seconds, NaN where the request has none
+    due: np.ndarray  # arrival + (SLO or the queue's ``no_slo_s``): NaN without ``no_slo_s``
     remaining_f: np.ndarray  # ``remaining`` as float64 (exact)
     prefilled_f: np.ndarray  # ``prefilled`` as float64 (exact)
     chunks: np.ndarray  # ``cost_model.work_features`` for chunks of the queue's ``chunk``:
@@ -58,8 +61,10 @@ class Columns(NamedTuple):
     objects: np.ndarray  # the requests (``objects[idx].tolist()`` picks many at C speed)
 
 
-def _floats(r: SchedReq, chunk: int | None) -> tuple[float, ...]:
-    return (r.arrival, (r.slo_ttft_s or math.nan), float(r.prefill_remaining), float(r.prefilled_len),
+def _floats(r: SchedReq, chunk: int | None, no_slo_s: float | None) -> tuple[float, ...]:
+    # the deadline policies' ``slos + arrival`` per request (the same IEEE sum: a + b == b + a)
+    due = math.nan if no_slo_s is None else (r.slo_ttft_s or no_slo_s) + r.arrival
+    return (r.arrival, (r.slo_ttft_s or math.nan), due, float(r.prefill_remaining), float(r.prefilled_len),
             *work_features(r.prefill_remaining, r.prefilled_len, chunk))
 
 
@@ -70,9 +75,11 @@ def _ints(r: SchedReq) -> tuple[int, int, int]:
 class WaitingQueue(list[Any]):
     """Requests in arrival order, with numpy columns of their numbers (module docstring)."""
 
-    def __init__(self, reqs: Iterable[SchedReq] = (), chunk: int | None = None) -> None:
+    def __init__(self, reqs: Iterable[SchedReq] = (), chunk: int | None = None,
+                 no_slo_s: float | None = None) -> None:
         super().__init__(reqs)
         self.chunk = chunk  # the chunk size of the work features (``work_features``)
+        self.no_slo_s = no_slo_s  # the TTFT SLO of a request without one, for ``due`` (None: no ``due``)
         self._views: Columns | None = None
         n = super().__len__()
         cap = max(_MIN_CAP, 2 * n)
@@ -80,7 +87,7 @@ class WaitingQueue(list[Any]):
         self._i = np.empty((3, cap), dtype=np.int64)
         self._o = np.empty(cap, dtype=object)
         for k, r in enumerate(self):
-            self._f[:, k] = _floats(r, chunk)
+            self._f[:, k] = _floats(r, chunk, no_slo_s)
             self._i[:, k] = _ints(r)
             self._o[k] = r
         self._count_pairs()
@@ -119,8 +126,8 @@ class WaitingQueue(list[Any]):
         v = self._views
         if v is None or len(v.arrival) != n or v.arrival.base is not f:
             i = self._i
-            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[REMAINING_F, :n], f[PREFILLED_F, :n],
-                                      f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
+            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[DUE, :n], f[REMAINING_F, :n],
+                                      f[PREFILLED_F, :n], f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
                                       i[CACHED, :n], i[REMAINING, :n], self._o[:n])
         return v
 
@@ -175,7 +182,7 @@ class WaitingQueue(list[Any]):
             self._f[:, k + 1: n + 1] = self._f[:, k:n]
             self._i[:, k + 1: n + 1] = self._i[:, k:n]
             self._o[k + 1: n + 1] = self._o[k:n]
-        self._f[:, k] = _floats(req, self.chunk)
+        self._f[:, k] = _floats(req, self.chunk, self.no_slo_s)
         self._i[:, k] = _ints(req)
         self._o[k] = req
         list.insert(self, k, req)
@@ -251,7 +258,7 @@ class WaitingQueue(list[Any]):
         Arrival and SLO are fixed while a request waits."""
         k = self.position(req)
         self._i[:, k] = _ints(req)
-        self._f[REMAINING_F:, k] = _floats(req, self.chunk)[REMAINING_F:]
+        self._f[REMAINING_F:, k] = _floats(req, self.chunk, self.no_slo_s)[REMAINING_F:]
 
     # ------------------------------------------------------------------ subsets and checks
     def subset(self, idx: Sequence[int] | np.ndarray) -> WaitingQueue:
@@ -260,7 +267,7 @@ class WaitingQueue(list[Any]):
         idx = np.asarray(idx, dtype=np.intp)
         out = WaitingQueue.__new__(WaitingQueue)
         list.__init__(out, self._o[idx].tolist())
-        out.chunk = self.chunk
+        out.chunk, out.no_slo_s = self.chunk, self.no_slo_s
         out._views = None
         m = len(idx)
         cap = max(_MIN_CAP, m)
@@ -277,10 +284,11 @@ class WaitingQueue(list[Any]):
         """Raise if a column disagrees with its request (a number changed behind the queue)."""
         n = len(self)
         for k, r in enumerate(self):
-            f = _floats(r, self.chunk)
+            f = _floats(r, self.chunk, self.no_slo_s)
             if (self._f[ARRIVAL, k] != f[0] or self._o[k] is not r
-                    or tuple(self._f[REMAINING_F:, k].tolist()) != f[2:]
+                    or tuple(self._f[REMAINING_F:, k].tolist()) != f[REMAINING_F:]
                     or not (self._f[SLO, k] == f[1] or (math.isnan(f[1]) and math.isnan(self._f[SLO, k])))
+                    or not (self._f[DUE, k] == f[2] or (math.isnan(f[2]) and math.isnan(self._f[DUE, k])))
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
                                    f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")

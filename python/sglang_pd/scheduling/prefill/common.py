@@ -79,6 +79,9 @@ class DeadlinePolicy(PrefillPolicy):
         return req.arrival + (req.slo_ttft_s or self.no_slo_s) - self.margin_s
 
     def deadlines(self, q: Queue[R]) -> np.ndarray:
+        if q.due is not None and q.due_default == self.no_slo_s:  # kept by the waiting queue:
+            due: np.ndarray = q.due - self.margin_s  # the same sum, per request, then this
+            return due
         d = q.slos(self.no_slo_s)  # a new array: summed into in place (a + b == b + a)
         d += q.arrival
         d -= self.margin_s

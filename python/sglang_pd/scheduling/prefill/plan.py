@@ -36,6 +36,8 @@ from sglang_pd.scheduling.prefill.order import Order, stable_argsort, first_of
 from sglang_pd.scheduling.prefill.queue_view import Queue
 from sglang_pd.scheduling.types import PrefillBudget, R
 
+SCAN_MAX = 256  # the tail's candidates past the sorted part sorted and scanned when this few
+FILTER_MIN = 128  # the tail scans a sorted part this long after an array filter, shorter ones as is
 MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the budget)
 
 _NO_POS = np.empty(0, dtype=np.intp)
@@ -162,8 +164,12 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     left, so the next one granted is the first in the order of those (every one before it
     was too long for more tokens than are left now, or granted): it is found with one
     ``argmin`` over them (``Order.rest``, not sorted: the tail grants a few of many), then
-    the rest are filtered by the tokens now left. A started one reaching the budget takes
-    what is left and the step ends; a request with nothing to prefill ends it."""
+    the rest are filtered by the tokens now left; when at most ``SCAN_MAX`` remain they are
+    sorted once and scanned instead (issue 28: a sort of a few dozen and one Python scan cost
+    less than an ``argmin`` and a ``compress`` per grant). The sorted part is scanned without
+    an array pre-filter unless longer than ``FILTER_MIN`` (``_scan``: fewer numpy calls). A
+    started one reaching the budget takes what is left and the step ends; a request with
+    nothing to prefill ends it."""
     rem_all, fresh_all = q.rem, q.fresh
     started = q.n_started > 0
     got: list[int] = []
@@ -174,28 +180,7 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     # where the tail mostly ends): one scan, no pass over the whole queue
     seg = order.known(p)
     if len(seg):
-        f = fresh_all[seg]
-        # those that may go now: a superset of those that will (the limits only tighten)
-        may = ~f if slots <= 0 else ~f | (rem_all[seg] <= min(tokens, chunk))
-        js = may.nonzero()[0]
-        done = False
-        lim = min(tokens, chunk) if slots > 0 else -1  # the longest fresh one that may go now
-        sj = seg[js]
-        for i, x, fr in zip(sj.tolist(), rem_all[sj].tolist(), f[js].tolist()):
-            if fr and x > lim:
-                continue  # no slot left, or too long for the tokens left: skipped
-            if x <= 0:
-                done = True  # nothing to prefill: the walk ends at its turn
-                break
-            n = min(x, chunk, tokens)
-            got.append(i)
-            got_n.append(n)
-            tokens -= n
-            slots -= fr
-            if tokens <= 0 or (slots <= 0 and not started):
-                done = True
-                break
-            lim = min(tokens, chunk) if slots > 0 else -1
+        done, tokens, slots = _scan(seg, rem_all, fresh_all, tokens, slots, chunk, started, got, got_n)
         if done:
             _add(pos, ns, got, got_n)
             return
@@ -208,6 +193,13 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         allowed = ~fresh_all
     idx, key, group = order.rest(p, allowed)
     if not len(idx):
+        _add(pos, ns, got, got_n)
+        return
+    if len(idx) <= SCAN_MAX:  # few: sorted (stably, as the order) and scanned as the known part
+        by = np.argsort(key, kind="stable")
+        if group is not None:
+            by = by[np.argsort(group[by], kind="stable")]
+        _scan(idx[by], rem_all, fresh_all, tokens, slots, chunk, started, got, got_n)
         _add(pos, ns, got, got_n)
         return
     # one array, a column per request (one ``compress`` filters them all): key, fit,
@@ -244,6 +236,33 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         if not t.shape[1]:
             break
     _add(pos, ns, got, got_n)
+
+
+def _scan(seg: np.ndarray, rem_all: np.ndarray, fresh_all: np.ndarray, tokens: int, slots: int,
+          chunk: int, started: bool, got: list[int], got_n: list[int]) -> tuple[bool, int, int]:
+    """The tail over ``seg`` (positions in the order's order): a started one always goes, a
+    fresh one only while a slot is left and within the tokens left (the limits only tighten, so
+    one skipped now is skipped for good); the grants are appended to ``got``/``got_n``. Returns
+    whether the walk ended here (the tokens or the slots spent, or a request with nothing to
+    prefill reached), and the tokens and slots left."""
+    lim = min(tokens, chunk) if slots > 0 else -1  # the longest fresh one that may go now
+    if len(seg) > FILTER_MIN:  # long (sjf's tail reads hundreds): those that may go now first,
+        f = fresh_all[seg]  # a superset of those that will (the limits only tighten)
+        seg = seg[~f if slots <= 0 else ~f | (rem_all[seg] <= lim)]
+    for i, x, fr in zip(seg.tolist(), rem_all[seg].tolist(), fresh_all[seg].tolist()):
+        if fr and x > lim:
+            continue  # no slot left, or too long for the tokens left: skipped
+        if x <= 0:
+            return True, tokens, slots  # nothing to prefill: the walk ends at its turn
+        n = min(x, chunk, tokens)
+        got.append(i)
+        got_n.append(n)
+        tokens -= n
+        slots -= fr
+        if tokens <= 0 or (slots <= 0 and not started):
+            return True, tokens, slots
+        lim = min(tokens, chunk) if slots > 0 else -1
+    return False, tokens, slots
 
 
 def _table(key: np.ndarray, fit: np.ndarray, idx: np.ndarray, group: np.ndarray | None) -> np.ndarray:
