@@ -92,7 +92,7 @@ def medha(a: argparse.Namespace) -> None:
         wl = synthetic([("sharegpt-lengths", 0.95), ("medha-swe", 0.05)], a.medha_requests, qps=qps, seed=5)
         # deadlines (Medha states none): short 2 s; long ones 60 s (~3x a 393K prefill alone)
         wl.arrivals = [replace(x, slo_ttft_s=60.0) if x.source == "medha-swe" else x for x in wl.arrivals]
-        for pol in ("fcfs", "edf", "lrs", "lars"):
+        for pol in a.medha_policies:
             spec = ClusterSpec(num_colocated=1, prefill_policy=pol, cfg=cfg)
             res = Cluster(spec, build_cost("llama-3-8b@h100x8")).run(wl)
             short = [t for t in res.tracks if t.source != "medha-swe" and t.first_token is not None]
@@ -100,8 +100,13 @@ def medha(a: argparse.Namespace) -> None:
             ttft = sorted(t.first_token - t.arrival for t in short)
             done_long = [t for t in long if t.finish is not None and not t.error]
             lt = sorted(t.first_token - t.arrival for t in done_long)
+            # decode TPOT per request (first token to last), over every finished request
+            tpot = sorted((t.finish - t.first_token) / (t.output_len - 1) for t in res.tracks
+                          if t.finish is not None and t.first_token is not None and t.output_len > 1 and not t.error)
             print(f"qps {qps:5.2f} {pol:<5} short TTFT p50 {ttft[len(ttft) // 2]:8.2f} s p90 {ttft[int(0.9 * len(ttft))]:8.2f} s"
                   f" | long done {len(done_long)}/{len(long)} TTFT p50 {lt[len(lt) // 2] if lt else float('nan'):8.1f} s"
+                  f" p90 {lt[int(0.9 * len(lt))] if lt else float('nan'):8.1f} s"
+                  f" | TPOT p50 {1e3 * tpot[len(tpot) // 2]:6.1f} ms p90 {1e3 * tpot[int(0.9 * len(tpot))]:6.1f} ms"
                   f" | {res.wall_s:.1f} s wall", flush=True)
 
 
@@ -229,6 +234,7 @@ def main() -> None:
     ap.add_argument("--qps-4p4d", type=lambda s: [float(x) for x in s.split(",")], default=[2.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0])
     ap.add_argument("--qps-medha", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5])
     ap.add_argument("--medha-requests", type=int, default=400)
+    ap.add_argument("--medha-policies", type=lambda s: s.split(","), default=["fcfs", "edf", "lrs", "lars"])
     ap.add_argument("--pla-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64])
     ap.add_argument("--pla-requests", type=int, default=3000)
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731

@@ -14,6 +14,7 @@ from sglang_pd.core.step import ForwardMode, StepProfile, StepShape
 from sglang_pd.scheduling.colocated import MIN_TOKENS, NO_SLO_TARGET_S, PREFILL_SHARE, ColocatedInterleave
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
+from sglang_pd.scheduling.prefill.chunking import largest_chunk
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.sim.request import SimReq
 
@@ -221,3 +222,37 @@ def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(p
     assert got["s"] == lace.prefill_tokens(0, 200) == 139  # B at its own context
     spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
     assert spent <= lace.budget_s() - coeffs.launch_s  # the whole step within B
+
+
+def test_a_long_partial_ranked_first_leaves_the_short_prompts_behind_it_their_time() -> None:
+    """Issue 28 (the Medha scenario, session 5): edf ranks a late 262K-token partial first; its
+    chunk over that context could spend the whole step's time (B), and the short prompt behind
+    it waited a step (every step, while the long one lasted: short p90 TTFT 1.2 -> 45 s). Now
+    the long one leaves the shorts their predicted time, at most 1 - chunk/step tokens (here
+    half) of B: both progress, the long one first, the whole step within B."""
+    coeffs = PrefillCoeffs(launch_s=2e-3, per_req_s=0.0, a=1e-10, b=2e-5, g_w=0.0, g_r=1e-9)
+    model = PrefillCostModel.fixed(coeffs)
+    cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16, slo_ttft_ms=2000.0)
+    policy = create_prefill_policy("edf", cfg)
+    policy.use_cost_model(model)
+    sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
+    lace = sched.interleave
+    assert lace is not None
+    lace.model = model
+    d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
+    sched.add(d0)
+    sched.after_extend(next_step(sched, 0.0).prefill_plan)
+    assert d0 in sched.running
+    long = SimReq("L", 0.0, 600_000, output_len=4, slo_ttft_s=1.0, kv_len=262_144)  # late: ranked first
+    long.pages = sched.allocator.alloc(262_144 // 16)
+    short = SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0)
+    sched.add(long)
+    sched.add(short)
+    step = next_step(sched, 5.0)
+    assert [r.rid for r, _ in step.prefill_plan] == ["L", "s"]
+    got = {r.rid: n for r, n in step.prefill_plan}
+    assert got["s"] == 200  # the short prompt whole, in the same step
+    b = lace.budget_s() - coeffs.launch_s
+    assert lace.prefill_tokens(long.kv_len, 4096) > got["L"] >= largest_chunk(model, b / 2, long.kv_len, 4096)
+    spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
+    assert spent <= b  # the whole step within B

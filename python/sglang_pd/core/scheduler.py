@@ -57,8 +57,9 @@ class Scheduler(PoolPressure):
             started = [r for r in self.waiting if r.pages]
             tokens, chunk = self.max_prefill_tokens, self.chunk_size
             if lace is not None:  # each request's chunk is sized at its own context (step_time)
-                cap = lace.prefill_tokens(0, chunk)
-                tokens, chunk = min(tokens, cap), min(chunk, cap)
+                # no chunk takes more than fits at context 0; the step's tokens stay as set (a
+                # long context's chunk takes few of them: the requests behind it use the rest)
+                chunk = min(chunk, lace.prefill_tokens(0, chunk))
             kv = PageAdmission(self.allocator, self.page_size, headroom_pages=len(self.running),
                                whole_prompt=self.whole_prompt_pages,
                                reserve_pages=0 if self.whole_prompt_pages else reserved_pages(started, self.page_size),

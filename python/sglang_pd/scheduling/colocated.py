@@ -45,6 +45,7 @@ Pure: no torch, no I/O, time passed in; the Scheduler calls it from ``schedule``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from sglang_pd.core.step import ForwardMode, StepProfile
 from sglang_pd.scheduling.config import PolicyConfig
@@ -63,15 +64,40 @@ EMA = 0.2  # weight of the newest decode step in the moving average
 class StepAllowance:
     """One step's prefill time (``types.StepTime``): ``seconds`` of predicted prefill time (the
     cost model's times ``scale``), spent request by request at each one's own context; the
-    first grant of the step gets at least ``floor`` tokens."""
+    first grant of the step gets at least ``floor`` tokens. ``keep``: time held back, while one
+    request is sized, for the requests planned after it (``keep_for``)."""
 
-    def __init__(self, model: PrefillCostModel, seconds: float, scale: float, floor: int) -> None:
+    def __init__(self, model: PrefillCostModel, seconds: float, scale: float, floor: int,
+                 share: float = 1.0) -> None:
         self.model, self.left, self.scale, self.floor = model, seconds, scale, floor
         self.first = True
+        self.keep = 0.0
+        self.others_s = max(0.0, 1.0 - share) * seconds  # most one request leaves to the others
 
     def fit(self, req: SchedReq, want: int) -> int:
-        n = largest_chunk(self.model, self.left / self.scale, req.prefilled_len, want)
-        return max(n, min(want, self.floor)) if self.first else n
+        n = largest_chunk(self.model, (self.left - self.keep) / self.scale, req.prefilled_len, want)
+        if not self.first or (self.keep and n):
+            return n  # (with requests behind it the step is worth its launch without the floor)
+        return max(n, min(want, self.floor))
+
+    def keep_for(self, reqs: Sequence[SchedReq], ns: Sequence[int]) -> list[float]:
+        """For each request of a planned step (in grant order, ``ns`` tokens each): the time to
+        hold back for the ones after it over a shorter context, their predicted time but at
+        most ``1 - share`` of the step. The token rule's per-request cap in time: with tokens,
+        a request's chunk (``--chunked-prefill-size``) is a ``share`` of the step
+        (``--max-prefill-tokens``) and the rest goes to the requests behind it; with a time
+        allowance a long context's chunk (few tokens, each dear) could spend the whole step, so
+        a prompt ranked behind a long partly prefilled one waited until that one was done
+        (issue 28: the Medha scenario's short p90 TTFT 1.2 -> 45 s). A request over a shorter
+        context than those behind it keeps the time it is ranked for."""
+        out = [0.0] * len(ns)
+        cost = [self.scale * self.model.marginal_s(n, r.prefilled_len) for r, n in zip(reqs, ns)]
+        ctx = [r.prefilled_len for r in reqs]
+        for j in range(len(ns) - 1):
+            if ctx[j] > 0:  # only a started request's context can be longer than another's
+                behind = sum(c for c, h in zip(cost[j + 1:], ctx[j + 1:]) if h < ctx[j])
+                out[j] = min(behind, self.others_s)
+        return out
 
     def spend(self, req: SchedReq, n: int) -> None:
         self.left -= self.scale * self.model.marginal_s(n, req.prefilled_len)
@@ -88,6 +114,9 @@ class ColocatedInterleave:
         target_ms = cfg.prefill_time_budget_ms or cfg.slo_tpot_ms
         self.target_s = target_ms / 1e3 if target_ms else None
         self.mixed = cfg.enable_mixed_chunk
+        # one request's share of a step's time while others are planned behind it: the share
+        # of the step's tokens one request's chunk may take (``StepAllowance.keep_for``)
+        self.share = min(1.0, cfg.chunked_prefill_size / max(cfg.max_prefill_tokens, 1))
         self.decode_s = COLD_DECODE_S
         self._seen_decode = False
         self.scale: float | None = None  # measured / predicted prefill step time (moving average)
@@ -105,7 +134,7 @@ class ColocatedInterleave:
         b = self.budget_s()
         if not self.mixed:
             b -= scale * self.model.coeffs.launch_s  # a pure prefill step pays its own launch
-        return StepAllowance(self.model, b, scale, self.floor_tokens())
+        return StepAllowance(self.model, b, scale, self.floor_tokens(), self.share)
 
     def prefill_tokens(self, context: int, cap: int) -> int:
         """The most prefill tokens (<= cap) the first request of a step may take over

@@ -67,6 +67,8 @@ class StepTime(Protocol):
     def fit(self, req: SchedReq, want: int) -> int: ...  # most of ``want`` tokens that fit (0: none)
     def spend(self, req: SchedReq, n: int) -> None: ...
     def spent(self) -> bool: ...  # nothing more fits this step (no request can take a token)
+    keep: float  # time ``fit`` leaves for the requests planned behind the one it sizes
+    def keep_for(self, reqs: Sequence[SchedReq], ns: Sequence[int]) -> list[float]: ...  # keep, per request
 
 
 @dataclass
@@ -143,14 +145,18 @@ class PrefillBudget:
         return k
 
     def _grant_run_timed(self, reqs: Sequence[SchedReq], ns: list[int]) -> int:
-        k = 0
-        for r, n in zip(reqs, list(ns)):
+        st = self.step_time
+        assert st is not None
+        keeps, k = st.keep_for(reqs, ns), 0
+        for r, n, keep in zip(reqs, list(ns), keeps):
+            st.keep = keep  # time left for the requests planned behind r (StepTime.keep_for)
             got = self.grant(r, n)  # sized by the time left (never more than n: n fits the budget)
+            st.keep = 0.0
             if got == 0:
                 break
             ns[k] = got
             k += 1
-            if got < n:
+            if got < n and not keep:
                 break
         return k
 

@@ -5,8 +5,10 @@ from the queue's numbers (``plan.py``, array code) and only KV admission is aske
 (``_walk_one_by_one``). test_waiting_columns.py checks both against a one-by-one walk.
 With a step-time allowance (``budget.step_time``: the colocated interleave while decodes run)
 every request's chunk is sized by the time left at its own context: the plan from the numbers
-is granted request by request through it (``_grant_timed``), and the first request it cuts
-ends the step, as a cut by the token budget does; the one-by-one walk skips a request that
+is granted request by request through it (``_grant_timed``): while others are planned behind
+a request, it leaves them their predicted time up to ``1 - chunk/step tokens`` of the step
+(``StepTime.keep_for``: the chunk cap's share, in time), and the first request cut with nothing
+left to others ends the step, as a cut by the token budget does; the one-by-one walk skips a request that
 fits nothing (a long context where not one token fits the time left: a shorter one behind
 it may still fit).
 """
@@ -67,17 +69,22 @@ def _grant_timed(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.nda
     assert st is not None
     plan: list[tuple[R, int]] = []
     partial = q.n_started
-    for req, n, rem, fresh in zip(q.pick(pos), ns.tolist(), q.rem[pos].tolist(), q.fresh[pos].tolist()):
+    reqs, tokens = q.pick(pos), ns.tolist()
+    keeps = st.keep_for(reqs, tokens)
+    for req, n, rem, fresh, keep in zip(reqs, tokens, q.rem[pos].tolist(), q.fresh[pos].tolist(), keeps):
+        st.keep = keep  # time left for the requests planned behind this one
         m = st.fit(req, n)
         if m <= 0 or (fresh and m < rem and n == rem and partial >= max_partial):
             break
         got = budget.grant(req, m)
+        st.keep = 0.0
         if got == 0:
             break  # KV refusal (or no slot): no backfilling past it
         plan.append((req, got))
         partial += int(fresh and got < rem)
-        if got < n:
+        if got < n and not keep:
             break
+    st.keep = 0.0
     return plan
 
 
