@@ -17,21 +17,17 @@ Profiles: ``ci`` (derandomized, a few examples per combination: the fixed corpus
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from progress_sim import TokenReq, build, drive
+from property_profile import property_profile
 from sglang_pd.core.progress import MAX_PREFILL_PREEMPTIONS, pages_for
 from sglang_pd.scheduling.registry import DECODE_POLICIES, PREFILL_POLICIES
 from sglang_pd.sim.request import SimReq
 
-_COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("ci", max_examples=20, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=int(os.environ.get("SGLANG_PD_PROPERTY_EXAMPLES", "300")), **_COMMON)
-PROFILE = settings.get_profile("long" if os.environ.get("SGLANG_PD_PROPERTY_LONG") == "1" else "ci")
+PROFILE = property_profile(ci_examples=20, long_examples=300)
 
 # a workload: (requests as (arrival ms, prompt, output, TTFT SLO s, TPOT SLO s), pool pages, config)
 Workload = tuple[tuple[tuple[int, int, int, float | None, float | None], ...], int, dict]

@@ -21,12 +21,12 @@ each step timed by the table the policy reads. Profiles as test_progress_propert
 
 from __future__ import annotations
 
-import os
 import statistics
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from property_profile import property_profile
 from sglang_pd.core.page_allocator import CountingAllocator
 from sglang_pd.core.progress import pages_for
 from sglang_pd.core.scheduler import Scheduler
@@ -41,12 +41,7 @@ from sglang_pd.scheduling.registry import create_prefill_policy
 from sglang_pd.scheduling.types import DecodePolicy
 from sglang_pd.sim.request import SimReq
 
-_CHECKS = [HealthCheck.too_slow, HealthCheck.filter_too_much]
-settings.register_profile("flat_ci", max_examples=40, derandomize=True, deadline=None, database=None,
-                          suppress_health_check=_CHECKS)
-settings.register_profile("flat_long", max_examples=int(os.environ.get("SGLANG_PD_PROPERTY_EXAMPLES", "2000")),
-                          deadline=None, database=None, suppress_health_check=_CHECKS)
-PROFILE = settings.get_profile("flat_long" if os.environ.get("SGLANG_PD_PROPERTY_LONG") == "1" else "flat_ci")
+PROFILE = property_profile(ci_examples=40, long_examples=2000)
 
 BOUND = 0.02  # slack+'s TPOT p50 over continuous's, where it is over the SLO
 PAGE = 16

@@ -14,12 +14,12 @@ discarded, not passed). Profiles as test_progress_properties.py: ``ci`` (derando
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from property_profile import property_profile
 from sglang_pd.core.page_allocator import CountingAllocator
 from sglang_pd.core.progress import pages_for
 from sglang_pd.core.scheduler import Scheduler
@@ -32,12 +32,7 @@ from sglang_pd.scheduling.profile import DecodeGrid
 from sglang_pd.scheduling.registry import create_prefill_policy
 from sglang_pd.sim.request import SimReq
 
-_CHECKS = [HealthCheck.too_slow, HealthCheck.filter_too_much]
-settings.register_profile("pace_ci", max_examples=40, derandomize=True, deadline=None, database=None,
-                          suppress_health_check=_CHECKS)
-settings.register_profile("pace_long", max_examples=int(os.environ.get("SGLANG_PD_PROPERTY_EXAMPLES", "2000")),
-                          deadline=None, database=None, suppress_health_check=_CHECKS)
-PROFILE = settings.get_profile("pace_long" if os.environ.get("SGLANG_PD_PROPERTY_LONG") == "1" else "pace_ci")
+PROFILE = property_profile(ci_examples=40, long_examples=2000)
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 CONTEXTS = [0, 8192, 131072, 262144, 1048576]
