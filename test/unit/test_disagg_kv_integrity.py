@@ -9,6 +9,7 @@ otherwise it reports Failed, and its pages are released only once no write can s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -123,7 +124,7 @@ class Clock:
         return self.t
 
 
-def make_pair(pplan: FaultPlan, dplan: FaultPlan, clock: Clock
+def make_pair(pplan: FaultPlan, dplan: FaultPlan, clock: Clock, envs: DisaggEnvs = ENVS
               ) -> tuple[KVSenderManager, KVReceiverManager, FaultyTransport, FaultyTransport]:
     fab = FakeFabric()
     pt = FaultyTransport(FakeKVTransport("prefill", torch.randn(2, 2, 10, 4, 2, 8), fab), pplan,
@@ -131,9 +132,9 @@ def make_pair(pplan: FaultPlan, dplan: FaultPlan, clock: Clock
     dt = FaultyTransport(FakeKVTransport("decode", torch.zeros(2, 2, 20, 4, 2, 8), fab), dplan,
                          clock)
     server = BootstrapServer(HOST, 0, local_layout=pt.layout,
-                             heartbeat_interval=ENVS.heartbeat_interval,
-                             heartbeat_max_failure=ENVS.heartbeat_max_failure)
-    return KVSenderManager(pt, server=server, envs=ENVS), KVReceiverManager(dt, envs=ENVS), pt, dt
+                             heartbeat_interval=envs.heartbeat_interval,
+                             heartbeat_max_failure=envs.heartbeat_max_failure)
+    return KVSenderManager(pt, server=server, envs=envs), KVReceiverManager(dt, envs=envs), pt, dt
 
 
 def until(pred, what: str, limit: float = 10.0) -> None:
@@ -193,7 +194,11 @@ def test_repeated_and_reordered_notices_still_deliver_exact_kv(dplan: FaultPlan)
 
 def test_a_lost_done_notice_fails_the_room_never_decodes_it() -> None:
     clock = Clock()
-    pm, dm, _pt, dt = make_pair(FaultPlan(), FaultPlan(drop_notif_every=2), clock)
+    # The virtual clock runs 0.5 s per poll while heartbeat acks travel in real time, so with
+    # 1 s heartbeats a slow ack could fail the (live) prefill first (CI saw PEER_DEAD once);
+    # heartbeats slower than the waiting timeout leave the lost notice as the only cause.
+    slow_beats = dataclasses.replace(ENVS, heartbeat_interval=2 * ENVS.waiting_timeout)
+    pm, dm, _pt, dt = make_pair(FaultPlan(), FaultPlan(drop_notif_every=2), clock, slow_beats)
     try:
         pu, du = transfer(pm, dm, 22, [2, 2, 2], clock, advance=0.5)  # time runs: decode times out
         assert pu[0].phase == "Done"  # prefill's writes all ended
