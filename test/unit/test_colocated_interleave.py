@@ -188,6 +188,23 @@ def next_step(sched: Scheduler, now: float) -> ScheduledStep:
     raise AssertionError("no step")
 
 
+def decoding_scheduler(policy_name: str, cfg: PolicyConfig, model: PrefillCostModel
+                       ) -> tuple[Scheduler, ColocatedInterleave]:
+    """A colocated Scheduler on ``model`` with one request already decoding (so the interleave
+    applies from the next step on), and its interleave."""
+    policy = create_prefill_policy(policy_name, cfg)
+    policy.use_cost_model(model)
+    sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
+    lace = sched.interleave
+    assert lace is not None
+    lace.model = model
+    d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
+    sched.add(d0)
+    sched.after_extend(next_step(sched, 0.0).prefill_plan)
+    assert d0 in sched.running  # decodes run from now on: the interleave applies
+    return sched, lace
+
+
 @pytest.mark.parametrize("prefill", ["edf", "sjf", "kairos+", "dual"])
 def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(prefill: str) -> None:
     """Issue 28 (the Medha scenario's regression): with decodes running and a 262K-token
@@ -198,17 +215,7 @@ def test_a_short_prompt_beside_a_long_partial_gets_a_chunk_for_its_own_context(p
     model = PrefillCostModel.fixed(coeffs)
     cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16,
                        slo_ttft_ms=2000.0, prefill_queues="dual" if prefill == "dual" else "single")
-    policy = create_prefill_policy("fcfs" if prefill == "dual" else prefill, cfg)
-    policy.use_cost_model(model)
-    sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
-    lace = sched.interleave
-    assert lace is not None
-    lace.model = model
-    d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
-    sched.add(d0)
-    step = next_step(sched, 0.0)
-    sched.after_extend(step.prefill_plan)
-    assert d0 in sched.running  # decodes run from now on: the interleave applies
+    sched, lace = decoding_scheduler("fcfs" if prefill == "dual" else prefill, cfg, model)
     long = SimReq("L", 0.0, 600_000, output_len=4, slo_ttft_s=600.0, kv_len=262_144)
     long.pages = sched.allocator.alloc(262_144 // 16)  # partly prefilled, holding its pages
     short = SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0)
@@ -233,16 +240,7 @@ def test_a_long_partial_ranked_first_leaves_the_short_prompts_behind_it_their_ti
     coeffs = PrefillCoeffs(launch_s=2e-3, per_req_s=0.0, a=1e-10, b=2e-5, g_w=0.0, g_r=1e-9)
     model = PrefillCostModel.fixed(coeffs)
     cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16, slo_ttft_ms=2000.0)
-    policy = create_prefill_policy("edf", cfg)
-    policy.use_cost_model(model)
-    sched = Scheduler(CountingAllocator(60_000), cfg, policy, create_decode_policy("continuous", cfg))
-    lace = sched.interleave
-    assert lace is not None
-    lace.model = model
-    d0 = SimReq("d0", 0.0, 64, output_len=100, slo_ttft_s=2.0)
-    sched.add(d0)
-    sched.after_extend(next_step(sched, 0.0).prefill_plan)
-    assert d0 in sched.running
+    sched, lace = decoding_scheduler("edf", cfg, model)
     long = SimReq("L", 0.0, 600_000, output_len=4, slo_ttft_s=1.0, kv_len=262_144)  # late: ranked first
     long.pages = sched.allocator.alloc(262_144 // 16)
     short = SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0)

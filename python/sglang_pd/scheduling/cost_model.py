@@ -47,7 +47,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -82,6 +82,10 @@ class PrefillCoeffs:
 
     def as_theta(self) -> list[float]:
         return [self.launch_s, self.per_req_s, self.a, self.b + self.g_w, self.g_r]
+
+    def times(self, factor: float) -> PrefillCoeffs:
+        """Every coefficient ``factor`` times as large: the same machine, every step that much slower."""
+        return PrefillCoeffs(**{f.name: getattr(self, f.name) * factor for f in fields(self)})
 
 
 # Cold-start guess (no profile): an 8B-class model on one recent GPU. Only the prior of the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sglang_pd.sim.cluster import Cluster
 from sglang_pd.core.scheduled_step import ScheduledStep
@@ -70,9 +70,7 @@ class SharedCoreCost(StepCost):
 
 def scaled(cost: StepCost, factor: float) -> StepCost:
     """``cost`` with every step ``factor`` times as long (prefill and decode alike)."""
-    c, dec = cost.prefill, cost.decode
-    pre = replace(c, launch_s=c.launch_s * factor, per_req_s=c.per_req_s * factor, a=c.a * factor,
-                  b=c.b * factor, g_w=c.g_w * factor, g_r=c.g_r * factor)
+    pre, dec = cost.prefill.times(factor), cost.decode
 
     def decode(batch: int, ctx_total: int, ctx_max: int) -> float:
         return factor * dec(batch, ctx_total, ctx_max)
