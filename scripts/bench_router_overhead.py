@@ -2,18 +2,22 @@
 
 Stub prefill and decode servers (``python -m sglang_pd.bench.stub_server --first-ms 0
 --itl-ms 0``) answer at once, so whatever a request spends beyond the direct-to-decode baseline is
-the router's. For each router the script measures, in one run:
+the router's. Both routers run at once on the same stubs; in one run the script measures:
 
-- added latency to the first byte and to the last, p50 and p99, on streamed ``/generate`` at a
-  fixed open-loop rate (default 500 req/s): the router's percentile minus the same percentile
-  sent straight to the decode stub (no pairing per request is possible). The direct requests
-  also send the prefill stub the same request (``--baseline pair``, a router's prefill leg on
-  raw sockets), so the core the stubs and client share carries the same stub work with and
-  without a router; the script prints that core's busy share and the client's and stubs' CPU
-  per request in each open loop, to show when the tail is that core's and not the router's;
-- max requests/s: closed loop, non-streamed, ``--concurrency`` in flight, and the router's CPU
-  time per request in that phase (``/proc/PID/stat`` utime+stime, all threads): the steadier
-  measure when the machine is shared, since the rate and the tail measure the neighbours too;
+- added latency to the first byte and to the last, p50 and p99, on streamed ``/generate``:
+  ``--rounds`` rounds of one request in flight at a time, each round visiting the direct path
+  and every router once in a fresh random order (paired ordering: a neighbour's burst or a slow
+  spell lands on all of them alike). Added = the router's percentile minus the direct path's.
+  The direct requests also send the prefill stub the same request (``--baseline pair``, a
+  router's prefill leg on raw sockets), so the stubs' core does the same work either way. One
+  request at a time measures the path's own latency: before wave 3 session 6 this phase was an
+  open loop at 500 req/s, which kept the core shared by the client and the stubs 0.75-0.94
+  busy, so the direct path's own p99 was 9-31 ms and the "added" p99 was that core's queueing
+  (negative in one run). ``--rate R`` still runs that open loop, printed apart;
+- max requests/s: closed loop, non-streamed, ``--concurrency`` in flight, ``--slices`` turns
+  per target in rotation, and each router's CPU time per request in that phase
+  (``/proc/PID/stat`` utime+stime, all threads): the steadier measure when the machine is
+  shared;
 - first byte with a late prefill (``--first-ms`` = ``--late-ms`` on the prefill stub only): a
   router that streams decode's answer from its first byte stays near the baseline; one that
   waits for the prefill's response adds the prefill's delay.
@@ -24,15 +28,17 @@ overhead bars (added first-byte p99, max req/s).
 
 The router process is pinned to one core (``taskset -c 0``) and the stubs and client to the
 other when the machine has two or more. Numbers are noisy on a shared machine: say so when
-quoting them. Example: ``python scripts/bench_router_overhead.py --duration 5``.
+quoting them. Example: ``python scripts/bench_router_overhead.py --runs 3``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -273,16 +279,6 @@ def busy_share(before: dict[int, tuple[int, int]], core: int | None) -> float:
     return busy / total if total else float("nan")
 
 
-def side_cpu(stubs: list[int]) -> tuple[float, float]:
-    """CPU seconds so far of this client process and of the stub processes ``stubs``."""
-    return time.process_time(), sum(map(cpu_s, stubs))
-
-
-def side_us(before: tuple[float, float], after: tuple[float, float], n: int
-            ) -> tuple[float, float]:
-    return ((after[0] - before[0]) / max(n, 1) * 1e6, (after[1] - before[1]) / max(n, 1) * 1e6)
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -291,16 +287,76 @@ def pct(values: list[float], q: float) -> float:
 
 
 @dataclass
+class Target:
+    """Where the latency phase sends a request: a router, or the decode stub directly (with
+    the prefill shadow beside it, ``--baseline pair``)."""
+    name: str
+    url: str
+    shadow: PrefillShadow | None = None
+    samples: Samples = field(default_factory=Samples)
+
+
+async def one_target(client: aiohttp.ClientSession, target: Target) -> None:
+    if target.shadow is None:
+        await one_stream(client, target.url, target.samples)
+        return
+    shadow = asyncio.ensure_future(target.shadow.send())
+    await one_stream(client, target.url, target.samples)
+    await shadow
+
+
+async def sequential(client: aiohttp.ClientSession, targets: list[Target], rounds: int,
+                     seed: int) -> None:
+    """The latency phase: one request in flight at a time, each round visiting every target
+    once in a fresh random order, so the direct path and both routers see the same moments of
+    the machine (a neighbour's burst lands on all of them alike) and no request of ours queues
+    behind another of ours. The client's collector is off meanwhile: its pauses are not a
+    router's."""
+    rng = random.Random(seed)
+    order = list(targets)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for target in order:
+                await one_target(client, target)
+    finally:
+        gc.enable()
+
+
+async def interleaved_max(client: aiohttp.ClientSession, targets: list[tuple[str, str, int | None]],
+                          concurrency: int, duration: float, slices: int
+                          ) -> dict[str, tuple[float, float | None]]:
+    """Max req/s per target (closed loop, ``concurrency`` in flight), the time split into
+    ``slices`` turns per target taken in rotation, so a slow spell of the machine is shared;
+    with each router's CPU per request (utime+stime, None for the direct path)."""
+    done = {name: 0 for name, _, _ in targets}
+    spent = {name: 0.0 for name, _, _ in targets}
+    cpu = {name: 0.0 for name, _, _ in targets}
+    for k in range(slices):
+        turn = targets[k % len(targets):] + targets[:k % len(targets)]
+        for name, url, pid in turn:
+            cpu0 = cpu_s(pid) if pid is not None else 0.0
+            t0 = time.perf_counter()
+            _, n = await closed_loop(client, url, concurrency, duration / slices)
+            spent[name] += time.perf_counter() - t0
+            done[name] += n
+            if pid is not None:
+                cpu[name] += cpu_s(pid) - cpu0
+    return {name: (done[name] / spent[name],
+                   None if pid is None else cpu[name] / max(done[name], 1) * 1e6)
+            for name, _, pid in targets}
+
+
+@dataclass
 class Row:
     name: str
-    samples: Samples  # open loop, streamed
+    samples: Samples  # the latency phase (sequential, streamed)
     rps: float  # closed loop
     late: Samples | None  # late prefill (None for the baseline)
     cpu_us: float | None  # router CPU per request in the closed loop (None for the baseline)
-    # busy share of the router's core and of the stubs' and client's core in the open loop
-    # (all processes): near 1.0 on the second means the client or stubs set the tail; then the
-    # client's and the two stubs' CPU per request there (us)
-    loads: tuple[float, float, float, float]
+    loaded: Samples | None = None  # the open loop at --rate (None when not run)
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -314,67 +370,78 @@ async def bench(args: argparse.Namespace) -> None:
     late_prefill = start_stub(args.late_ms, other_core)
     decode = start_stub(0, other_core)
     procs = [fast_prefill, late_prefill, decode]
-    rows: list[Row] = []
+    kinds = [k for k in args.routers if k != "smg" or _has_smg()]
+    if len(kinds) < len(args.routers):
+        print("smg is not installed (pip install smg): skipped")
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as client:
             await wait_ready(client, decode)
-            stubs = [fast_prefill.proc.pid, decode.proc.pid]
-            ticks, side0 = core_busy(), side_cpu(stubs)
             shadow = None if args.baseline == "decode" else PrefillShadow(fast_prefill.url)
-            base = await open_loop(client, decode.url, args.rate, args.duration, shadow)
+            direct = Target("direct (baseline)", decode.url, shadow)
+            routers = {k: start_router(k, fast_prefill.url, decode.url, router_core, log_dir)
+                       for k in kinds}  # both up at once, idle while the other is measured
+            procs.extend(routers.values())
+            targets = [direct]
+            for kind, router in routers.items():
+                await wait_ready(client, router)
+                targets.append(Target(kind, router.url, None))
+            await sequential(client, targets, args.warmup_rounds, args.seed)  # warm-up
+            for t in targets:
+                t.samples = Samples()
+            ticks = core_busy()
+            await sequential(client, targets, args.rounds, args.seed + 1)
+            busy = (busy_share(ticks, router_core), busy_share(ticks, other_core))
+            loaded: dict[str, Samples] = {}
+            if args.rate > 0:  # the old phase: a fixed open-loop rate, near saturation here
+                for t in targets:
+                    loaded[t.name] = await open_loop(client, t.url, args.rate, args.duration,
+                                                     t.shadow)
             if shadow is not None:
                 shadow.close()
-                base.errors += shadow.errors
-            loads = (busy_share(ticks, router_core), busy_share(ticks, other_core),
-                     *side_us(side0, side_cpu(stubs), len(base.first)))
-            base_rps, _ = await closed_loop(client, decode.url, args.concurrency, args.duration)
-            rows.append(Row("direct (baseline)", base, base_rps, None, None, loads))
-            for kind in args.routers:
-                if kind == "smg" and not _has_smg():
-                    print("smg is not installed (pip install smg): skipped")
-                    continue
-                router = start_router(kind, fast_prefill.url, decode.url, router_core, log_dir)
-                procs.append(router)
-                await wait_ready(client, router)
-                await open_loop(client, router.url, args.rate, 1.0)  # warm-up
-                ticks, side0 = core_busy(), side_cpu(stubs)
-                lat = await open_loop(client, router.url, args.rate, args.duration)
-                loads = (busy_share(ticks, router_core), busy_share(ticks, other_core),
-                         *side_us(side0, side_cpu(stubs), len(lat.first)))
-                cpu0 = cpu_s(router.proc.pid)
-                rps, done = await closed_loop(client, router.url, args.concurrency,
-                                              args.duration)
-                cpu_us = (cpu_s(router.proc.pid) - cpu0) / max(done, 1) * 1e6
+                direct.samples.errors += shadow.errors
+            rates = await interleaved_max(
+                client, [(t.name, t.url, routers[t.name].proc.pid if t.name in routers
+                          else None) for t in targets],
+                args.concurrency, args.duration, args.slices)
+            for router in routers.values():
                 router.stop()
-                late = start_router(kind, late_prefill.url, decode.url, router_core, log_dir)
-                procs.append(late)
-                await wait_ready(client, late)
-                late_samples = Samples()
-                for _ in range(args.late_requests):
-                    await one_stream(client, late.url, late_samples)
-                late.stop()
-                rows.append(Row(kind, lat, rps, late_samples, cpu_us, loads))
+            rows = []
+            for t in targets:
+                late_samples = None
+                if t.name in routers:
+                    late = start_router(t.name, late_prefill.url, decode.url, router_core,
+                                        log_dir)
+                    procs.append(late)
+                    await wait_ready(client, late)
+                    late_samples = Samples()
+                    for _ in range(args.late_requests):
+                        await one_stream(client, late.url, late_samples)
+                    late.stop()
+                rps, cpu_us = rates[t.name]
+                rows.append(Row(t.name, t.samples, rps, late_samples, cpu_us,
+                                loaded.get(t.name)))
     finally:
         for p in procs:
             p.stop()
-    print_table(rows, base, args)
+    print_table(rows, direct.samples, busy, args)
 
 
 def _has_smg() -> bool:
     return importlib.util.find_spec("smg") is not None
 
 
-def print_table(rows: list[Row], base: Samples, args: argparse.Namespace) -> None:
+def print_table(rows: list[Row], base: Samples, busy: tuple[float, float],
+                args: argparse.Namespace) -> None:
     ms = 1000.0
-    print(f"\nrate {args.rate:g} req/s for {args.duration:g} s (streamed /generate, 4 tokens); "
-          f"max req/s: closed loop, {args.concurrency} in flight; late prefill: "
-          f"{args.late_ms:g} ms, {args.late_requests} sequential requests; busy: share of the "
-          f"router's core / the stubs' and client's core in the open loop; client/stubs us: the "
-          f"client's and the stubs' CPU per request in the open loop")
+    print(f"\nlatency: {args.rounds} rounds, one streamed /generate (4 tokens) in flight at a "
+          f"time, targets in a random order each round; busy in that phase: router core "
+          f"{busy[0]:.2f}, client+stubs core {busy[1]:.2f} (all processes); max req/s: closed "
+          f"loop, {args.concurrency} in flight, {args.slices} turns each in rotation; late "
+          f"prefill: {args.late_ms:g} ms, {args.late_requests} sequential requests")
     print(f"{'router':<18} {'n':>6} {'err':>4} {'+first p50':>11} {'+first p99':>11} "
           f"{'+last p50':>10} {'+last p99':>10} {'max req/s':>10} {'cpu us/req':>10} "
-          f"{'busy':>9} {'client/stubs us':>15} {'late-prefill first p50':>23}")
+          f"{'late-prefill first p50':>23}")
 
     def added(values: list[float], ref: list[float], q: float) -> str:
         return f"{(pct(values, q) - pct(ref, q)) * ms:.2f}"
@@ -383,12 +450,19 @@ def print_table(rows: list[Row], base: Samples, args: argparse.Namespace) -> Non
         s, late, cpu = r.samples, r.late, r.cpu_us
         late_text = "-" if late is None else (
             f"{statistics.median(late.first) * ms:.1f} ms" if late.first else "errors")
-        busy = f"{r.loads[0]:.2f}/{r.loads[1]:.2f}"
-        side = f"{r.loads[2]:.0f}/{r.loads[3]:.0f}"
         print(f"{r.name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
               f"{added(s.first, base.first, 99):>11} {added(s.last, base.last, 50):>10} "
               f"{added(s.last, base.last, 99):>10} {r.rps:>10.0f} "
-              f"{'-' if cpu is None else f'{cpu:.0f}':>10} {busy:>9} {side:>15} {late_text:>23}")
+              f"{'-' if cpu is None else f'{cpu:.0f}':>10} {late_text:>23}")
+    loaded_base = rows[0].loaded
+    if loaded_base is not None:
+        print(f"open loop at {args.rate:g} req/s for {args.duration:g} s (added to the direct "
+              f"path's percentiles; near this machine's saturation, so mostly queueing):")
+        for r in rows:
+            if r.loaded is not None:
+                print(f"  {r.name:<18} n {len(r.loaded.first)} err {r.loaded.errors} +first "
+                      f"p50 {added(r.loaded.first, loaded_base.first, 50)} p99 "
+                      f"{added(r.loaded.first, loaded_base.first, 99)} ms")
     by_name = {r.name: r for r in rows}
     if "ours" in by_name and "smg" in by_name:
         ours, smg = by_name["ours"], by_name["smg"]
@@ -404,8 +478,17 @@ def print_table(rows: list[Row], base: Samples, args: argparse.Namespace) -> Non
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=float, default=500.0)
-    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=2000,
+                   help="latency phase: rounds of one request to each target, in turn")
+    p.add_argument("--warmup-rounds", type=int, default=200)
+    p.add_argument("--seed", type=int, default=35)
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="also an open loop at this rate per target (the measurement before "
+                   "wave 3 session 6; 0: not run)")
+    p.add_argument("--duration", type=float, default=5.0,
+                   help="seconds of the max req/s phase per target (and of the open loop)")
+    p.add_argument("--slices", type=int, default=5,
+                   help="max req/s: turns per target, taken in rotation")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--late-ms", type=float, default=500.0)
     p.add_argument("--late-requests", type=int, default=10)
