@@ -357,6 +357,7 @@ class Row:
     late: Samples | None  # late prefill (None for the baseline)
     cpu_us: float | None  # router CPU per request in the closed loop (None for the baseline)
     loaded: Samples | None = None  # the open loop at --rate (None when not run)
+    seq_cpu_us: float | None = None  # router CPU per request in the latency phase
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -390,8 +391,11 @@ async def bench(args: argparse.Namespace) -> None:
             for t in targets:
                 t.samples = Samples()
             ticks = core_busy()
+            cpu0 = {k: cpu_s(r.proc.pid) for k, r in routers.items()}
             await sequential(client, targets, args.rounds, args.seed + 1)
             busy = (busy_share(ticks, router_core), busy_share(ticks, other_core))
+            seq_cpu = {k: (cpu_s(r.proc.pid) - cpu0[k]) / max(args.rounds, 1) * 1e6
+                       for k, r in routers.items()}  # us per request, one at a time
             loaded: dict[str, Samples] = {}
             if args.rate > 0:  # the old phase: a fixed open-loop rate, near saturation here
                 for t in targets:
@@ -420,7 +424,7 @@ async def bench(args: argparse.Namespace) -> None:
                     late.stop()
                 rps, cpu_us = rates[t.name]
                 rows.append(Row(t.name, t.samples, rps, late_samples, cpu_us,
-                                loaded.get(t.name)))
+                                loaded.get(t.name), seq_cpu.get(t.name)))
     finally:
         for p in procs:
             p.stop()
@@ -438,10 +442,11 @@ def print_table(rows: list[Row], base: Samples, busy: tuple[float, float],
           f"time, targets in a random order each round; busy in that phase: router core "
           f"{busy[0]:.2f}, client+stubs core {busy[1]:.2f} (all processes); max req/s: closed "
           f"loop, {args.concurrency} in flight, {args.slices} turns each in rotation; late "
-          f"prefill: {args.late_ms:g} ms, {args.late_requests} sequential requests")
+          f"prefill: {args.late_ms:g} ms, {args.late_requests} sequential requests; cpu us 1x: the "
+          f"router's CPU per request in the latency phase, cpu us/req: in the max req/s phase")
     print(f"{'router':<18} {'n':>6} {'err':>4} {'+first p50':>11} {'+first p99':>11} "
-          f"{'+last p50':>10} {'+last p99':>10} {'max req/s':>10} {'cpu us/req':>10} "
-          f"{'late-prefill first p50':>23}")
+          f"{'+last p50':>10} {'+last p99':>10} {'cpu us 1x':>9} {'max req/s':>10} "
+          f"{'cpu us/req':>10} {'late-prefill first p50':>23}")
 
     def added(values: list[float], ref: list[float], q: float) -> str:
         return f"{(pct(values, q) - pct(ref, q)) * ms:.2f}"
@@ -452,7 +457,8 @@ def print_table(rows: list[Row], base: Samples, busy: tuple[float, float],
             f"{statistics.median(late.first) * ms:.1f} ms" if late.first else "errors")
         print(f"{r.name:<18} {len(s.first):>6} {s.errors:>4} {added(s.first, base.first, 50):>11} "
               f"{added(s.first, base.first, 99):>11} {added(s.last, base.last, 50):>10} "
-              f"{added(s.last, base.last, 99):>10} {r.rps:>10.0f} "
+              f"{added(s.last, base.last, 99):>10} "
+              f"{'-' if r.seq_cpu_us is None else f'{r.seq_cpu_us:.0f}':>9} {r.rps:>10.0f} "
               f"{'-' if cpu is None else f'{cpu:.0f}':>10} {late_text:>23}")
     loaded_base = rows[0].loaded
     if loaded_base is not None:

@@ -70,6 +70,7 @@ class Dispatcher:
             worker_headers, kv_deadline_s, first_byte_timeout_s, probe_timeout_s)
         self._static_headers = header_block({"Content-Type": "application/json",
                                              **worker_headers})
+        self._class_prefix: dict[str, bytes] = {}
         self.max_migrations = max_migrations  # per request; 0: a broken stream ends in error
         self.on_routed = on_routed
         self.on_retry = on_retry
@@ -78,6 +79,17 @@ class Dispatcher:
 
     async def close(self) -> None:
         await self.legs.client.close()
+
+    def _class_lines(self, request_class: str) -> bytes:
+        """The class header line and the name of the count's line, checked and encoded once
+        per class (header_block's checks cost a few us per request); the count, an int, is
+        appended per request."""
+        lines = self._class_prefix.get(request_class)
+        if lines is None:
+            block = header_block(class_headers(request_class, 0))
+            assert block.endswith(b": 0\r\n"), "class_headers must end with the count"
+            lines = self._class_prefix[request_class] = block[:-len(b"0\r\n")]
+        return lines
 
     # ------------------------------------------------------------------ picking
     def _pick(self, kind: str, policy: RoutingPolicy, route_req: RouteRequest,
@@ -94,15 +106,16 @@ class Dispatcher:
                     route_req: RouteRequest, stream: bool, t_arrival: float,
                     on_first_send: Callable[[float], None]) -> web.StreamResponse:
         headers = self._static_headers  # the legs' header lines, built once per request
-        extra = {name: request.headers[name] for name in _FORWARDED_HEADERS
-                 if name in request.headers}
-        if route_req.request_class:  # our class and the count it used (request_class.py)
-            extra.update(class_headers(route_req.request_class, route_req.prompt_len))
+        sent = request.headers
+        extra = {name: sent[name] for name in _FORWARDED_HEADERS if name in sent}
         if extra:
             try:
                 headers += header_block(extra)
             except ValueError as e:  # a client's header that would split the request
                 return error_response(400, str(e))
+        if route_req.request_class:  # our class and the count it used (request_class.py)
+            headers += self._class_lines(route_req.request_class) \
+                + str(route_req.prompt_len).encode() + b"\r\n"
         resume = Resume.for_request(path, body, stream, self.max_migrations)
         result = await self._dispatch(request, path, data, body, headers, route_req, stream,
                                       t_arrival, on_first_send, resume)
