@@ -168,7 +168,8 @@ def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path
         prefills += ["--prefill", f"http://127.0.0.1:{port}", str(boot)]
         urls.append(f"http://127.0.0.1:{port}")
     port = free_port()
-    procs.append(("decode", _popen([*py, *s.decode, "--mode", "decode", "--port", str(port)],
+    log = ("--log-level", "debug") if args.decode_log else ()  # engine/decode_log.py lines
+    procs.append(("decode", _popen([*py, *s.decode, *log, "--mode", "decode", "--port", str(port)],
                                    log_dir / f"{s.name}_decode.log", env)))
     urls.append(f"http://127.0.0.1:{port}")
     workers = [*prefills, "--decode", f"http://127.0.0.1:{port}"]
@@ -292,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--edf-concurrency", type=int, default=4, help="dynamo-edf: requests in flight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: tiny)")
+    ap.add_argument("--decode-log", action="store_true",
+                    help="decode server at --log-level debug: one line per decode decision in its log")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--request-timeout", type=float, default=300.0)
