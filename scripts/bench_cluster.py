@@ -32,6 +32,11 @@ Per-class TTFT SLOs (short = at most ``--short-threshold`` tokens) and one TPOT 
 request. Writes OUT/bench_cluster.{json,md,png}. ``--quick``: the tiny model, a few requests and
 two setups, a CI smoke (scripts/ and the bench package only; no figures worth quoting).
 No CUDA graphs on CPU: the short-prefill graph buckets of the short pool show nothing here.
+How long: each setup starts its servers (~35 s on 2 cores), replays the workload's span
+(--num-prompts / --rate: 80 at 1.5 req/s is ~53 s) and drains; ~1-2 min a setup, ~15-25 min
+for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
+whole row: compare two setups in both orders (--setups a,b then b,a). --decode-log: one line
+per decode decision in the decode server's log (engine/decode_log.py).
 """
 
 from __future__ import annotations
