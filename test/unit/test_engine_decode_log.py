@@ -44,7 +44,7 @@ def test_decode_log_on_the_engine(tiny_model_factory, caplog: pytest.LogCaptureF
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert lines  # every request decodes 5 tokens after its first: at least 5 decode steps
     for line in lines:
-        m = re.fullmatch(r"decode n=(\d+) chose=(\d+) gap=\S+ t_all=[\d.]+ms t_chosen=[\d.]+ms "
+        m = re.fullmatch(r"decode n=(\d+) chose=(\d+) ctx_max=\d+ gap=\S+ t_all=[\d.]+ms t_chosen=[\d.]+ms "
                          r"behind=\d+ due_ms\(s=skipped\)=\[(.*)\] took=[\d.]+ms", line)
         assert m, line
         n, chose = int(m[1]), int(m[2])

@@ -85,6 +85,6 @@ def test_decode_log_line_and_silence_when_disabled(caplog: pytest.LogCaptureFixt
         log.decided(pol, reqs, step, 0.0)
         log.done(took)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert line.startswith("decode n=7 chose=2 ")
+    assert line.startswith("decode n=7 chose=2 ctx_max=100 ")
     assert "t_all=190.0ms t_chosen=140.0ms behind=5" in line
     assert "[-100s,-100s,-100s,-100s,-100s,165,250]" in line and line.endswith("took=200.0ms")

@@ -4,16 +4,17 @@ Enabled by ``--log-level debug`` (the ``sglang_pd.engine.decode_log`` logger at 
 disabled each call costs one ``isEnabledFor`` check. For a slack-guided decode policy a line
 says what the policy saw and chose, and the step's predicted time beside the time it took:
 
-  decode n=12 chose=6 gap=230.1ms t_all=151.2ms t_chosen=148.0ms behind=5
+  decode n=12 chose=6 ctx_max=380 gap=230.1ms t_all=151.2ms t_chosen=148.0ms behind=5
   due_ms(s=skipped)=[-31s,12,...] took=212.4ms
 
-``t_all`` / ``t_chosen``: the table's step time with every running request / with the batch
+``ctx_max``: the longest chosen request's context (a padded attention backend's step costs
+batch x that); ``t_all`` / ``t_chosen``: the table's step time with every running request / with the batch
 chosen (the prediction for this step); ``took``: the step's ``total_s`` (what the table learns
 from); ``gap``: time since the previous decode step started (a decoded request's inter-token
 latency); ``due_ms``: each running request's time to its next deadline (negative: late), in
 running order, ``s`` marking the skipped; ``behind``: how many are due before even a solo step
-of theirs ends. Other decode policies log n, chosen, gap and took. The policy stays pure: this reads its table and the
-requests from outside, after the decision.
+of theirs ends. Other decode policies log n, chosen, ctx_max, gap and took. The policy stays
+pure: this reads its table and the requests from outside, after the decision.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class DecodeLog:
         gap = f"{1e3 * (now - self._last_start):.1f}ms" if self._last_start is not None else "-"
         self._last_start = now
         chosen = step.reqs
-        head = f"decode n={len(running)} chose={len(chosen)} gap={gap}"
+        longest = max((decode_context(r) for r in chosen), default=0)  # padded attention's cost
+        head = f"decode n={len(running)} chose={len(chosen)} ctx_max={longest} gap={gap}"
         if not isinstance(policy, SlackDecodePolicy):
             self._line = head
             return
