@@ -8,8 +8,8 @@ says what the policy saw and chose, and the step's predicted time beside the tim
   due_ms(s=skipped)=[-31s,12,...] took=212.4ms
 
 ``ctx_max``: the longest chosen request's context (a padded attention backend's step costs
-batch x that); ``t_all`` / ``t_chosen``: the table's step time with every running request / with the batch
-chosen (the prediction for this step); ``took``: the step's ``total_s`` (what the table learns
+batch x that); ``t_all`` / ``t_chosen``: the table's step time with every running request /
+with the batch chosen (the prediction for this step); ``took``: the step's ``total_s`` (what the table learns
 from); ``gap``: time since the previous decode step started (a decoded request's inter-token
 latency); ``due_ms``: each running request's time to its next deadline (negative: late), in
 running order, ``s`` marking the skipped; ``behind``: how many are due before even a solo step
