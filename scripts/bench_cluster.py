@@ -32,6 +32,11 @@ Per-class TTFT SLOs (short = at most ``--short-threshold`` tokens) and one TPOT 
 request. Writes OUT/bench_cluster.{json,md,png}. ``--quick``: the tiny model, a few requests and
 two setups, a CI smoke (scripts/ and the bench package only; no figures worth quoting).
 No CUDA graphs on CPU: the short-prefill graph buckets of the short pool show nothing here.
+How long: each setup starts its servers (~35 s on 2 cores), replays the workload's span
+(--num-prompts / --rate: 80 at 1.5 req/s is ~53 s) and drains; ~1-2 min a setup, ~15-25 min
+for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
+whole row: compare two setups in both orders (--setups a,b then b,a). --decode-log: one line
+per decode decision in the decode server's log (engine/decode_log.py).
 """
 
 from __future__ import annotations
@@ -168,7 +173,8 @@ def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path
         prefills += ["--prefill", f"http://127.0.0.1:{port}", str(boot)]
         urls.append(f"http://127.0.0.1:{port}")
     port = free_port()
-    procs.append(("decode", _popen([*py, *s.decode, "--mode", "decode", "--port", str(port)],
+    log = ("--log-level", "debug") if args.decode_log else ()  # engine/decode_log.py lines
+    procs.append(("decode", _popen([*py, *s.decode, *log, "--mode", "decode", "--port", str(port)],
                                    log_dir / f"{s.name}_decode.log", env)))
     urls.append(f"http://127.0.0.1:{port}")
     workers = [*prefills, "--decode", f"http://127.0.0.1:{port}"]
@@ -292,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--edf-concurrency", type=int, default=4, help="dynamo-edf: requests in flight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: tiny)")
+    ap.add_argument("--decode-log", action="store_true",
+                    help="decode server at --log-level debug: one line per decode decision in its log")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--request-timeout", type=float, default=300.0)

@@ -18,6 +18,7 @@ from sglang_pd.core.step import ReqState, StepProfile
 from sglang_pd.engine import pd_events as ev
 from sglang_pd.engine.admission import request_error
 from sglang_pd.engine.build import build_engine
+from sglang_pd.engine.decode_log import DecodeLog
 from sglang_pd.engine.executor import StepExecutor
 from sglang_pd.engine.outputs import error_output, req_output
 from sglang_pd.engine.pd import PDHooks
@@ -51,6 +52,7 @@ class EngineCore:
         # first tokens went out early last step (PD decode); the last step ran nothing though
         # work was queued (the loop polls instead of spinning)
         self._flushed_early, self._idle_step = False, False
+        self.decode_log = DecodeLog()  # one debug line per decode decision (engine/decode_log.py)
 
     def add_request(self, msg: GenerateReq) -> None:
         error = request_error(msg, self.limits, self._find(msg.rid) is not None)  # admission.py
@@ -134,6 +136,8 @@ class EngineCore:
             self._unblock(now)
         else:
             profile = step.profile()
+            if self.decode_log.enabled():
+                self.decode_log.decided(self.scheduler.decode_policy, self.scheduler.running, step, now)
             try:
                 self._run(step)
             except Exception:  # a failed forward must not leak pages or hang clients
@@ -146,6 +150,7 @@ class EngineCore:
         if profile is not None:
             self.counters.record_step(profile, time.perf_counter() - t0, self.executor.forward_s(),
                                       self.clock())
+            self.decode_log.done(profile)
             self.scheduler.observe(profile, profile.total_s, self.clock())
         return outputs
 

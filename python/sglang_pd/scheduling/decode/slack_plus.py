@@ -20,7 +20,9 @@ iff t <= s_r. Hence, per step:
    test compares only within B: without this, a long request alone, ahead of pace, would spend
    every short request's lead at 1 token per long step), or if it *rescues* a token: some chosen
    request r, not behind, is due between the two steps (t_B <= d_r - now < t_all) and its pace
-   is one decode-all steps can hold (t_all <= r's T_slo); otherwise decode every request.
+   is one decode-all steps can hold (t_all <= r's T_slo), and the step skips no request that
+   is already behind (its next token is late anyway; the skip makes it a whole step later, for
+   a rescue of a fraction of a step: seen on the engine, issue 34); otherwise decode all.
 A partial step pays (the rule of 3): a skipped request loses a whole step, and what the chosen
 ones gain is t_all - t_B. Where step time barely depends on the batch (a CPU with short
 contexts, a GPU at small batch) that gain is nothing, so a throughput-losing subset step is
@@ -157,11 +159,14 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
                     kept = min(kept, due[i])
         # 3. a partial step that costs throughput (tokens/s under the decode-all step's) must
         # keep on pace a token the decode-all step would make late, of a request whose pace
-        # decode-all steps can hold; else it only spends the skipped requests' steps (on a flat
-        # table each skip costs a whole step and saves none: docstring, "A partial step pays")
+        # decode-all steps can hold, without skipping a request already behind (that one's next
+        # token is late anyway and the skip makes it a whole step later: docstring, "rescue");
+        # else it only spends the skipped requests' steps (on a flat table each skip costs a
+        # whole step and saves none: docstring, "A partial step pays")
         if not count or (count / t_cur < n / t_all
-                         and not any(chosen[i] and not behind[i] and t_cur <= due[i] < t_all
-                                     and t_all <= self.tpot_s(running[i]) for i in range(n))):
+                         and (any(behind[i] and not chosen[i] for i in range(n))
+                              or not any(chosen[i] and not behind[i] and t_cur <= due[i] < t_all
+                                         and t_all <= self.tpot_s(running[i]) for i in range(n)))):
             self._behind_skipped.clear()
             return []
         self._behind_skipped = {r.rid for r, c, b in zip(running, chosen, best_effort) if b and not c}
