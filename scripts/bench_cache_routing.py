@@ -40,8 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 49152  # SmolLM2's vocabulary

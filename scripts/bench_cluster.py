@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, table
-from server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_LAG_S = 1.5  # engines push their step samples every second (engine_process.py)

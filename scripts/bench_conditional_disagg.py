@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 

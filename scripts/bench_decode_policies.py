@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 
 POLICIES = ("continuous", "slack", "slack+")

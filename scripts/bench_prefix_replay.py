@@ -35,11 +35,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_procs import free_port, stop, wait_healthy
-
 from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
 from sglang_pd.core.load_signals import BUSY_WINDOW_S
+from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "data/traces/mooncake/conversation_trace.jsonl"

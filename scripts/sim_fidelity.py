@@ -30,13 +30,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from server_procs import stop, wait_healthy
 from sglang_pd.bench.metrics import percentile
 from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.sim.cluster import Cluster
 from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import build_cost
 from sglang_pd.sim.workload import Arrival, Workload
+from sglang_pd.utils.server_procs import stop, wait_healthy
 
 
 def _tasks(pid: int) -> list[int]:

@@ -19,13 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sglang_pd.tools.gpu_check.common import Ctx, Skip, attempt
-from sglang_pd.tools.gpu_check.serving_stage import (
-    START_TIMEOUT_S,
-    _exit_on_term,
-    free_port,
-    stop,
-    wait_healthy,
-)
+from sglang_pd.tools.gpu_check.serving_stage import START_TIMEOUT_S, STOP_GRACE_S, _exit_on_term
+from sglang_pd.utils.server_procs import free_port, require_healthy, spawn_logged, stop
 
 PROMPT_LENS = (3, 17, 64, 65, 200, 513, 900, 1500)
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
@@ -54,7 +49,6 @@ def get(url: str) -> dict[str, Any]:
 
 
 def start(ctx: Ctx, mode: str, extra: tuple[str, ...] = ()) -> tuple[Any, str]:
-    import subprocess
     import sys
 
     port = free_port()
@@ -62,24 +56,19 @@ def start(ctx: Ctx, mode: str, extra: tuple[str, ...] = ()) -> tuple[Any, str]:
            "--host", "127.0.0.1", "--port", str(port), "--device", ctx.device,
            "--dtype", ctx.dtype_name, "--attention-backend", "torch" if ctx.dry_run else "triton",
            "--mode", mode, *FLAGS, *extra]
-    log = ctx.work / f"pd_{mode}.log"
-    with open(log, "a") as f:
-        f.write(f"===== {' '.join(cmd[1:])}\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, f"http://127.0.0.1:{port}"
+    return spawn_logged(cmd, ctx.work / f"pd_{mode}.log"), f"http://127.0.0.1:{port}"
 
 
 def reference(ctx: Ctx, batch: list[list[int]]) -> list[list[int]]:
     proc, url = start(ctx, "colocated")
     try:
-        wait_healthy(url, proc, START_TIMEOUT_S)
+        require_healthy(url, proc, START_TIMEOUT_S)
         with ThreadPoolExecutor(len(batch)) as pool:
             outs = list(pool.map(lambda ids: post(url + "/generate", {"input_ids": ids,
                                                                         "sampling_params": GREEDY}),
                                  batch))
     finally:
-        stop(proc)
+        stop(proc, STOP_GRACE_S)
     bad = [o for o in outs if o[0] != 200]
     if bad:
         raise RuntimeError(f"colocated answered {bad[0][0]}: {bad[0][1]}")
@@ -104,8 +93,8 @@ def run_pd(ctx: Ctx, batch: list[list[int]], ref: list[list[int]]) -> dict[str, 
     decode, d_url = None, ""
     try:
         decode, d_url = start(ctx, "decode")
-        wait_healthy(p_url, prefill, START_TIMEOUT_S)
-        wait_healthy(d_url, decode, START_TIMEOUT_S)
+        require_healthy(p_url, prefill, START_TIMEOUT_S)
+        require_healthy(d_url, decode, START_TIMEOUT_S)
         pages0 = {"prefill": get(p_url + "/get_load")["num_free_pages"],
                   "decode": get(d_url + "/get_load")["num_free_pages"]}
 
@@ -127,7 +116,7 @@ def run_pd(ctx: Ctx, batch: list[list[int]], ref: list[list[int]]) -> dict[str, 
     finally:
         for proc in (decode, prefill):
             if proc is not None:
-                stop(proc)
+                stop(proc, STOP_GRACE_S)
     return {"statuses": [[o[0], o[2]] for o in outs], "identical": sum(g == r for g, r in zip(got, ref)),
             "prompts": len(ref), "wall_s": round(wall, 3), "free_pages": pages0, "pages_back": back,
             "errors": [str(o[3])[:300] for o in outs if o[2] != 200]}

@@ -6,51 +6,19 @@ server's last log lines come back with the piece."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sglang_pd.tools.gpu_check.common import Ctx, attempt
+from sglang_pd.utils.server_procs import free_port, require_healthy, spawn_logged, stop
 
 START_TIMEOUT_S = 25.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before /health answered")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"/health did not answer within {timeout_s} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the engine process goes too
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+STOP_GRACE_S = 10.0  # the stage has a short time limit; a server that ignores SIGTERM is killed
 
 
 def sampled_request(url: str) -> dict[str, Any]:
@@ -88,11 +56,7 @@ def start_server(ctx: Ctx, log: Path, graphs: bool) -> tuple[subprocess.Popen, s
            "--attention-backend", "torch" if ctx.dry_run else "triton", "--max-total-tokens", "65536"]
     if not graphs:
         cmd.append("--disable-cuda-graph")
-    with open(log, "a") as f:
-        f.write(f"===== {' '.join(cmd[1:])}\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, f"http://127.0.0.1:{port}"
+    return spawn_logged(cmd, log), f"http://127.0.0.1:{port}"
 
 
 def _exit_on_term(signum: int, frame: Any) -> None:
@@ -100,7 +64,7 @@ def _exit_on_term(signum: int, frame: Any) -> None:
 
 
 def _healthy(url: str, proc: subprocess.Popen) -> dict[str, bool]:
-    wait_healthy(url, proc, START_TIMEOUT_S)
+    require_healthy(url, proc, START_TIMEOUT_S)
     return {"ok": True}
 
 
@@ -118,7 +82,7 @@ def run(ctx: Ctx, rec: Any) -> str:
                             partial(_healthy, url, proc))
             if "error" not in start:
                 break
-            stop(proc)
+            stop(proc, STOP_GRACE_S)
         if "error" in start:
             rec.piece["status"] = "fail"
             return f"server did not start: {start['error']}"
@@ -126,7 +90,7 @@ def run(ctx: Ctx, rec: Any) -> str:
         result = attempt(rec, "bench_serving", lambda: bench(ctx, url))
     finally:
         if proc is not None:
-            stop(proc)
+            stop(proc, STOP_GRACE_S)
         if log.exists():
             rec.data["server_log_tail"] = log.read_text(errors="replace").splitlines()[-50:]
         rec.save()
