@@ -1,1 +1,2 @@
-"""Small helpers shared by the server processes (logging setup, ...)."""
+"""Small helpers shared by the server processes and the code that starts them (logging setup,
+server_procs, ...)."""
