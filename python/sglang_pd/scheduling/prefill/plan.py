@@ -5,7 +5,9 @@ walk itself, and the one-by-one form with ``fits`` or a chunker, are ``walk.py``
 Issue 20 (the decision is timed; the bar is 100 us at 1,000 waiting): without a per-request
 constraint (``fits``, a time-budget chunker) the plan follows from the queue's numbers alone,
 and ``plan_numbers`` works it out with a few dozen array operations and no Python loop over
-requests. The rules, restated for that:
+requests (but one: a first block that holds several budgets, where the walk passes over more
+requests than it grants, is walked in one Python pass, ``_pass``: issue 28, fewer calls). The
+rules, restated for that:
 - ``c = min(rem, chunk)``: what a request takes while the step's tokens last.
 - A fresh request that a chunk cuts (``rem > chunk``) becomes partly prefilled: once
   ``max_partial`` are, the later ones are skipped. So of these, only the first
