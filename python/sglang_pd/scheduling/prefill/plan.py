@@ -5,7 +5,9 @@ walk itself, and the one-by-one form with ``fits`` or a chunker, are ``walk.py``
 Issue 20 (the decision is timed; the bar is 100 us at 1,000 waiting): without a per-request
 constraint (``fits``, a time-budget chunker) the plan follows from the queue's numbers alone,
 and ``plan_numbers`` works it out with a few dozen array operations and no Python loop over
-requests. The rules, restated for that:
+requests (but one: a first block that holds several budgets, where the walk passes over more
+requests than it grants, is walked in one Python pass, ``_pass``: issue 28, fewer calls). The
+rules, restated for that:
 - ``c = min(rem, chunk)``: what a request takes while the step's tokens last.
 - A fresh request that a chunk cuts (``rem > chunk``) becomes partly prefilled: once
   ``max_partial`` are, the later ones are skipped. So of these, only the first
@@ -39,6 +41,8 @@ from sglang_pd.scheduling.types import PrefillBudget, R
 SCAN_MAX = 256  # the tail's candidates past the sorted part sorted and scanned when this few
 FILTER_MIN = 128  # the tail scans a sorted part this long after an array filter, shorter ones as is
 MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the budget)
+PASS_MAX = 384  # a first block up to this long, holding more than PASS_BUDGETS budgets of
+PASS_BUDGETS = 2  # tokens, is walked in one Python pass (``_pass``)
 
 _NO_POS = np.empty(0, dtype=np.intp)
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -63,13 +67,37 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
     tail: tuple[int, int, int] | None = None  # where the tail starts: position, tokens, slots
     # first block: enough requests of the queue's mean size to spend the budget 5 times over
     read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(int(rem_all.sum()), 1) + 1)
+    seg = order.head(size)
+    r = rem_all[seg]
+    # a first block of a few hundred that holds several budgets (so the walk passes over more
+    # requests than it grants: skipped ones, the tail) in one Python pass, whose steps cost
+    # less than the array rules' calls there (issue 28); one that mostly goes whole by arrays
+    c0 = np.minimum(r, chunk)  # (the array rules' first block reuses both)
+    if len(seg) <= PASS_MAX and int(c0.sum()) > PASS_BUDGETS * tokens:
+        read = m = len(seg)
+        got: list[int] = []
+        got_n: list[int] = []
+        done, tokens, slots, partial = _pass(seg, r, fresh_all, tokens, slots, partial, q.n_started,
+                                             chunk, max_partial, got, got_n)
+        _add(pos, ns, got, got_n)
+        if done or read >= n:
+            read = n
+        elif slots <= 0 or (partial >= max_partial and tokens < chunk):  # fresh ones go only
+            tail = (read, tokens, slots)  # whole within less than a chunk, or not at all
+            read = n
+        else:  # next block: what the tokens left take at this block's mean size, twice over
+            size = 2 * tokens * m // max(sum(got_n), 1) + MIN_BLOCK
     while read < n:
         base = read
         seg = order.head(read + size)[read:]
         read += len(seg)
-        r, f = rem_all[seg], fresh_all[seg]
+        f = fresh_all[seg]
+        if base:
+            r = rem_all[seg]
+            c = np.minimum(r, chunk)
+        else:  # the first block, read above: ``order.head`` gave the same positions
+            c = c0
         m = len(seg)
-        c = np.minimum(r, chunk)
         ok = None  # which ones the partial and slot rules let go (None: all)
         big = f & (r > chunk)  # fresh ones a chunk cuts: each one more partly prefilled
         n_big = int(np.count_nonzero(big))
@@ -135,6 +163,41 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         k = cut(p, t)
         p, t = p[:k], t[:k]
     return p, t
+
+
+def _pass(seg: np.ndarray, rem: np.ndarray, fresh_all: np.ndarray, tokens: int, slots: int,
+          partial: int, started_left: int, chunk: int, max_partial: int, got: list[int],
+          got_n: list[int]) -> tuple[bool, int, int, int]:
+    """The walk's rules request by request over ``seg`` (the order's first block), as the
+    one-by-one walk applies them; the grants are appended to ``got``/``got_n``. Returns whether
+    the walk ended here (the tokens spent, a request with nothing to prefill reached, or only
+    fresh requests left with no slot), and the tokens, slots and partial count left.
+    ``rem``: their tokens to prefill; ``started_left``: the started requests not yet passed."""
+    for i, x, f in zip(seg.tolist(), rem.tolist(), fresh_all[seg].tolist()):
+        if f:
+            if slots <= 0:
+                if started_left <= 0:
+                    return True, tokens, slots, partial  # no slot, and nothing started is left
+                continue
+            if x > tokens or x > chunk:  # cut: one more partly prefilled request
+                if partial >= max_partial:
+                    continue
+                partial += 1
+                c = chunk if chunk < tokens else tokens
+            else:
+                c = x
+            slots -= 1
+        else:
+            started_left -= 1
+            c = x if x <= chunk and x <= tokens else min(x, chunk, tokens)
+        if c <= 0:
+            return True, tokens, slots, partial  # nothing to prefill: the walk ends at its turn
+        got.append(i)
+        got_n.append(c)
+        tokens -= c
+        if tokens <= 0:
+            return True, tokens, slots, partial
+    return False, tokens, slots, partial
 
 
 def _joined(pos: list[np.ndarray], ns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
