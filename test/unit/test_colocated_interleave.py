@@ -22,12 +22,13 @@ from sglang_pd.sim.request import SimReq
 COEFFS = PrefillCoeffs(launch_s=2e-3, per_req_s=1e-4, a=1e-9, b=2e-4, g_w=0.0, g_r=1e-8)
 
 
-def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None, decode_base_s: float = 0.01):
+def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None, decode_base_s: float = 0.01,
+          colocated_decode: str = "interleave"):
     """Four short requests decoding, then a burst of twelve 3K prompts and more shorts.
     A decode step takes ``decode_base_s`` + 0.5 ms per request.
     Returns the steps as (mode, start, duration, prefill seconds, running before the step)."""
     cfg = PolicyConfig(chunked_prefill_size=512, max_prefill_tokens=2048, page_size=16,
-                       enable_mixed_chunk=mixed, slo_tpot_ms=slo_tpot_ms,
+                       enable_mixed_chunk=mixed, slo_tpot_ms=slo_tpot_ms, colocated_decode=colocated_decode,
                        prefill_queues="dual" if prefill == "dual" else "single")
     model = PrefillCostModel.fixed(COEFFS)
     sched = Scheduler(CountingAllocator(4000), cfg,
@@ -120,6 +121,29 @@ def test_the_tpot_slo_is_the_step_target() -> None:
                 gap = max(gap, start + dur - last)
             last = start + dur
     assert gap <= 0.1 + 0.005
+
+
+def test_prefill_first_is_the_old_rule_for_comparisons() -> None:
+    """``--colocated-decode prefill-first`` (A/B runs: the rule before the interleave, Medha's
+    paper's comparison point): every waiting prefill runs before a decode, so the burst of 3K
+    prompts holds the running decodes for seconds; the interleave on the same load keeps the
+    gap to one TPOT-SLO step. Both finish every request."""
+    def worst_gap(steps) -> float:
+        gap, last = 0.0, None
+        for mode, start, dur, _, _running in steps:
+            if mode is not ForwardMode.EXTEND:
+                if last is not None:
+                    gap = max(gap, start + dur - last)
+                last = start + dur
+        return gap
+
+    old, old_reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0, colocated_decode="prefill-first")
+    new, new_reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0)
+    assert all(r.finish_time is not None for r in old_reqs + new_reqs)
+    assert worst_gap(new) <= 0.1 + 0.005
+    assert worst_gap(old) > 1.0  # twelve 3K prompts (~1.2 s of prefill) before the next decode
+    with pytest.raises(ValueError, match="colocated_decode"):
+        PolicyConfig(colocated_decode="decode-first")
 
 
 def test_budget_rule() -> None:
