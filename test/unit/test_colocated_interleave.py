@@ -278,3 +278,31 @@ def test_a_long_partial_ranked_first_leaves_the_short_prompts_behind_it_their_ti
     assert lace.prefill_tokens(long.kv_len, 4096) > got["L"] >= largest_chunk(model, b / 2, long.kv_len, 4096)
     spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
     assert spent <= b  # the whole step within B
+
+
+def test_tokens_a_time_cut_leaves_go_to_the_next_requests_of_the_order() -> None:
+    """Issue 28 (the Medha scenario, session 6): edf ranks two late long partials first; each
+    was planned a full 4K chunk (the step's 8K tokens), the time allowance lets each take a few
+    hundred, and the short prompt ranked third was in no step while they lasted (4,869 steps
+    at QPS 0.25 held long ones only while shorts waited). The tokens the time cut leaves are
+    planned again down the order: the short prompt is granted whole in the same step, the
+    long ones still progress, the whole step within B."""
+    coeffs = PrefillCoeffs(launch_s=2e-3, per_req_s=0.0, a=1e-10, b=5e-6, g_w=0.0, g_r=1e-9)  # 4K fit at 0
+    model = PrefillCostModel.fixed(coeffs)
+    cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16, slo_ttft_ms=2000.0)
+    sched, lace = decoding_scheduler("edf", cfg, model)
+    longs = []
+    for i, ctx in enumerate((262_144, 131_072)):
+        r = SimReq(f"L{i}", 0.001 * i, ctx + 40_000, output_len=4, slo_ttft_s=1.0, kv_len=ctx)  # late: first
+        r.pages = sched.allocator.alloc(ctx // 16)
+        longs.append(r)
+        sched.add(r)
+    sched.add(SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0))
+    step = next_step(sched, 5.0)
+    assert lace.prefill_tokens(0, 4096) == 4096  # each long one planned a full chunk: 8K, the step's
+    assert [r.rid for r, _ in step.prefill_plan] == ["L0", "L1", "s"]
+    got = {r.rid: n for r, n in step.prefill_plan}
+    assert got["s"] == 200  # whole, beside the two long ones
+    assert got["L0"] > 0 and got["L1"] > 0 and got["L0"] + got["L1"] < 4096  # both cut by time
+    spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
+    assert spent <= lace.budget_s() - coeffs.launch_s  # the whole step within B
