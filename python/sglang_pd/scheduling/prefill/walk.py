@@ -8,7 +8,8 @@ every request's chunk is sized by the time left at its own context: the plan fro
 is granted request by request through it (``_grant_timed``): while others are planned behind
 a request, it leaves them their predicted time up to ``1 - chunk/step tokens`` of the step
 (``StepTime.keep_for``: the chunk cap's share, in time), and the first request cut with nothing
-left to others ends the step, as a cut by the token budget does; the one-by-one walk skips a request that
+left to others ends the step, as a cut by the token budget does; tokens the time cut leaves are
+planned again down the order first (``_replan_after_time_cut``); the one-by-one walk skips a request that
 fits nothing (a long context where not one token fits the time left: a shorter one behind
 it may still fit).
 """
