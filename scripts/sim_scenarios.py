@@ -87,7 +87,14 @@ def medha(a: argparse.Namespace) -> None:
     """Colocated Llama-3-8B (TP8 H100, so 800K-token prompts fit), ShareGPT + 5% Medha-SWE long;
     TTFT deadlines: 2 s for ShareGPT requests, 60 s for the long ones (Medha states none)."""
     slo_short_ms = 2000.0
-    cfg = PolicyConfig(slo_ttft_ms=slo_short_ms, chunked_prefill_size=4096, max_prefill_tokens=8192)
+    for mode in a.medha_colocated_decode:
+        print(f"--colocated-decode {mode}", flush=True)
+        cfg = PolicyConfig(slo_ttft_ms=slo_short_ms, chunked_prefill_size=4096, max_prefill_tokens=8192,
+                           colocated_decode=mode)
+        _medha_runs(a, cfg)
+
+
+def _medha_runs(a: argparse.Namespace, cfg: PolicyConfig) -> None:
     for qps in a.qps_medha:
         wl = synthetic([("sharegpt-lengths", 0.95), ("medha-swe", 0.05)], a.medha_requests, qps=qps, seed=5)
         # deadlines (Medha states none): short 2 s; long ones 60 s (~3x a 393K prefill alone)
@@ -235,6 +242,8 @@ def main() -> None:
     ap.add_argument("--qps-medha", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5])
     ap.add_argument("--medha-requests", type=int, default=400)
     ap.add_argument("--medha-policies", type=lambda s: s.split(","), default=["fcfs", "edf", "lrs", "lars"])
+    ap.add_argument("--medha-colocated-decode", type=lambda s: s.split(","), default=["interleave"],
+                    help="interleave,prefill-first: also run the old decode treatment (decodes starve)")
     ap.add_argument("--pla-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64])
     ap.add_argument("--pla-requests", type=int, default=3000)
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731

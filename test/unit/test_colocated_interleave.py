@@ -22,12 +22,13 @@ from sglang_pd.sim.request import SimReq
 COEFFS = PrefillCoeffs(launch_s=2e-3, per_req_s=1e-4, a=1e-9, b=2e-4, g_w=0.0, g_r=1e-8)
 
 
-def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None, decode_base_s: float = 0.01):
+def drive(prefill: str, decode: str, mixed: bool, slo_tpot_ms: float | None = None, decode_base_s: float = 0.01,
+          colocated_decode: str = "interleave"):
     """Four short requests decoding, then a burst of twelve 3K prompts and more shorts.
     A decode step takes ``decode_base_s`` + 0.5 ms per request.
     Returns the steps as (mode, start, duration, prefill seconds, running before the step)."""
     cfg = PolicyConfig(chunked_prefill_size=512, max_prefill_tokens=2048, page_size=16,
-                       enable_mixed_chunk=mixed, slo_tpot_ms=slo_tpot_ms,
+                       enable_mixed_chunk=mixed, slo_tpot_ms=slo_tpot_ms, colocated_decode=colocated_decode,
                        prefill_queues="dual" if prefill == "dual" else "single")
     model = PrefillCostModel.fixed(COEFFS)
     sched = Scheduler(CountingAllocator(4000), cfg,
@@ -120,6 +121,29 @@ def test_the_tpot_slo_is_the_step_target() -> None:
                 gap = max(gap, start + dur - last)
             last = start + dur
     assert gap <= 0.1 + 0.005
+
+
+def test_prefill_first_is_the_old_rule_for_comparisons() -> None:
+    """``--colocated-decode prefill-first`` (A/B runs: the rule before the interleave, Medha's
+    paper's comparison point): every waiting prefill runs before a decode, so the burst of 3K
+    prompts holds the running decodes for seconds; the interleave on the same load keeps the
+    gap to one TPOT-SLO step. Both finish every request."""
+    def worst_gap(steps) -> float:
+        gap, last = 0.0, None
+        for mode, start, dur, _, _running in steps:
+            if mode is not ForwardMode.EXTEND:
+                if last is not None:
+                    gap = max(gap, start + dur - last)
+                last = start + dur
+        return gap
+
+    old, old_reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0, colocated_decode="prefill-first")
+    new, new_reqs = drive("fcfs", "continuous", mixed=False, slo_tpot_ms=100.0)
+    assert all(r.finish_time is not None for r in old_reqs + new_reqs)
+    assert worst_gap(new) <= 0.1 + 0.005
+    assert worst_gap(old) > 1.0  # twelve 3K prompts (~1.2 s of prefill) before the next decode
+    with pytest.raises(ValueError, match="colocated_decode"):
+        PolicyConfig(colocated_decode="decode-first")
 
 
 def test_budget_rule() -> None:
@@ -254,3 +278,31 @@ def test_a_long_partial_ranked_first_leaves_the_short_prompts_behind_it_their_ti
     assert lace.prefill_tokens(long.kv_len, 4096) > got["L"] >= largest_chunk(model, b / 2, long.kv_len, 4096)
     spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
     assert spent <= b  # the whole step within B
+
+
+def test_tokens_a_time_cut_leaves_go_to_the_next_requests_of_the_order() -> None:
+    """Issue 28 (the Medha scenario, session 6): edf ranks two late long partials first; each
+    was planned a full 4K chunk (the step's 8K tokens), the time allowance lets each take a few
+    hundred, and the short prompt ranked third was in no step while they lasted (4,869 steps
+    at QPS 0.25 held long ones only while shorts waited). The tokens the time cut leaves are
+    planned again down the order: the short prompt is granted whole in the same step, the
+    long ones still progress, the whole step within B."""
+    coeffs = PrefillCoeffs(launch_s=2e-3, per_req_s=0.0, a=1e-10, b=5e-6, g_w=0.0, g_r=1e-9)  # 4K fit at 0
+    model = PrefillCostModel.fixed(coeffs)
+    cfg = PolicyConfig(chunked_prefill_size=4096, max_prefill_tokens=8192, page_size=16, slo_ttft_ms=2000.0)
+    sched, lace = decoding_scheduler("edf", cfg, model)
+    longs = []
+    for i, ctx in enumerate((262_144, 131_072)):
+        r = SimReq(f"L{i}", 0.001 * i, ctx + 40_000, output_len=4, slo_ttft_s=1.0, kv_len=ctx)  # late: first
+        r.pages = sched.allocator.alloc(ctx // 16)
+        longs.append(r)
+        sched.add(r)
+    sched.add(SimReq("s", 0.01, 200, output_len=4, slo_ttft_s=2.0))
+    step = next_step(sched, 5.0)
+    assert lace.prefill_tokens(0, 4096) == 4096  # each long one planned a full chunk: 8K, the step's
+    assert [r.rid for r, _ in step.prefill_plan] == ["L0", "L1", "s"]
+    got = {r.rid: n for r, n in step.prefill_plan}
+    assert got["s"] == 200  # whole, beside the two long ones
+    assert got["L0"] > 0 and got["L1"] > 0 and got["L0"] + got["L1"] < 4096  # both cut by time
+    spent = sum(model.marginal_s(n, r.kv_len) for r, n in step.prefill_plan)
+    assert spent <= lace.budget_s() - coeffs.launch_s  # the whole step within B

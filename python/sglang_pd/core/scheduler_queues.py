@@ -53,7 +53,8 @@ class SchedulerQueues:
         self.num_retractions = 0
         self.num_preempted_prefills = 0
         # colocated: prefill interleaves with running decodes by a time budget (colocated.py)
-        self.interleave = ColocatedInterleave(cfg) if cfg.role == "colocated" else None
+        lace = cfg.role == "colocated" and cfg.colocated_decode == "interleave"
+        self.interleave = ColocatedInterleave(cfg) if lace else None
         self._decodes_waited = False  # the last step was prefill only while decodes ran
         self.num_preempted_prefill_tokens = 0  # prefill work thrown away (tokens), for the watchdog
         # progress rule 3 (core/progress.py): times each waiting request's partial prefill was

@@ -21,6 +21,7 @@ from sglang_pd.utils.flags import flag
 DEFAULT_SHORT_PREFILL_THRESHOLD = SHORT_PREFILL_THRESHOLD  # the flag's default (an alias)
 SERVER_ROLES = ("colocated", "prefill", "decode")
 PREFILL_QUEUES = ("single", "dual")
+COLOCATED_DECODE = ("interleave", "prefill-first")  # scheduling/colocated.py
 
 
 def parse_threshold(value: int | str | None) -> int | None:
@@ -63,6 +64,12 @@ class PolicyConfig:
     buckets: BucketGrid = field(default_factory=BucketGrid)  # the server's --short-prefill-buckets
     enable_mixed_chunk: bool = flag(False, "--enable-mixed-chunk",
                                     help="run prefill chunks and decodes of running requests in one forward")
+    # colocated servers: how prefill shares steps with running decodes (scheduling/colocated.py);
+    # "prefill-first" runs every waiting prefill before any decode (decodes can starve: the
+    # rule before issue 28, and Medha's paper's comparison point), for A/B runs only
+    colocated_decode: str = flag("interleave", "--colocated-decode", choices=COLOCATED_DECODE,
+                                 help="colocated: interleave prefill with running decodes by a time budget, "
+                                      "or prefill-first (decodes may starve; for comparisons)")
     # this server's role in a PD cluster (the server's --disaggregation-mode)
     role: str = "colocated"
     # measured step times (docs/profile.md); None = learn online from a cold start
@@ -115,6 +122,8 @@ class PolicyConfig:
         if not self.prefill_no_slo_ttft_ms > 0 or not self.prefill_deadline_margin_ms >= 0:
             raise ValueError(f"prefill_no_slo_ttft_ms must be > 0 and prefill_deadline_margin_ms >= 0, got "
                              f"{self.prefill_no_slo_ttft_ms} and {self.prefill_deadline_margin_ms}")
+        if self.colocated_decode not in COLOCATED_DECODE:
+            raise ValueError(f"colocated_decode must be one of {COLOCATED_DECODE}, got {self.colocated_decode!r}")
         if self.prefill_queues not in PREFILL_QUEUES:
             raise ValueError(f"prefill_queues must be one of {PREFILL_QUEUES}, got {self.prefill_queues!r}")
         if self.prefill_role not in PREFILL_ROLES:

@@ -8,7 +8,8 @@ every request's chunk is sized by the time left at its own context: the plan fro
 is granted request by request through it (``_grant_timed``): while others are planned behind
 a request, it leaves them their predicted time up to ``1 - chunk/step tokens`` of the step
 (``StepTime.keep_for``: the chunk cap's share, in time), and the first request cut with nothing
-left to others ends the step, as a cut by the token budget does; the one-by-one walk skips a request that
+left to others ends the step, as a cut by the token budget does; tokens the time cut leaves are
+planned again down the order first (``_replan_after_time_cut``); the one-by-one walk skips a request that
 fits nothing (a long context where not one token fits the time left: a shorter one behind
 it may still fit).
 """
@@ -43,6 +44,8 @@ def walk(q: Queue[R], order: Order | Sequence[int] | np.ndarray, budget: Prefill
     if fits is None and chunker is None:
         pos, ns = plan_numbers(q, order, budget, max_partial, cut)
         if budget.step_time is not None:
+            if cut is None:  # (a policy's own cut is not asked again about a longer plan)
+                pos, ns = _replan_after_time_cut(q, order, budget, max_partial, pos, ns)
             return _grant_timed(q, budget, pos, ns, max_partial)
         return grant_plan(q, budget, pos, ns)
     return _walk_one_by_one(q, order, budget, max_partial, fits, chunker)
@@ -60,6 +63,43 @@ def grant_plan(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarr
     return cast("list[tuple[R, int]]", budget.granted[start:])  # what grant_run recorded: the grants
 
 
+def _replan_after_time_cut(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
+                           pos: np.ndarray, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The plan from the numbers, plus the next requests of the order for the tokens the time
+    allowance will not let the planned ones take: a long context's planned chunk (4K tokens at
+    500-800K context: 0.4-0.65 s) gets the 100-400 tokens that fit the step's time, and two
+    such partials planned side by side used the whole token budget, so the short prompts
+    ranked after them were in no step while the long ones ran (issue 28, the Medha scenario,
+    session 5: 4,869 steps held a long one only while shorts waited). The extra requests are
+    planned by the same rules (``plan_numbers`` over the rest of the order, with the slots and
+    the partial-prefill room the plan leaves) and granted after the plan's, each in the time
+    the ones before it leave (``keep_for``)."""
+    st = budget.step_time
+    assert st is not None
+    if not len(pos):
+        return pos, ns
+    tokens: list[int] = ns.tolist()
+    freed = sum(n - min(n, st.fit(r, n)) for r, n in zip(q.pick(pos), tokens))  # (st.keep is 0 here)
+    if freed <= 0:
+        return pos, ns
+    head = order.head(min(order.n, len(pos) + FIRST_BLOCK))
+    at = (head == pos[-1]).nonzero()[0]
+    if not len(at) or at[0] + 1 >= len(head):
+        return pos, ns
+    fresh, rem = q.fresh[pos], q.rem[pos]
+    saved = budget.token_budget, budget.new_req_slots
+    budget.token_budget = freed
+    budget.new_req_slots -= int(np.count_nonzero(fresh))
+    started = int(np.count_nonzero(fresh & (ns < rem)))  # fresh ones the plan leaves partly prefilled
+    try:
+        more, more_ns = plan_numbers(q, Order.of(head[at[0] + 1:]), budget, max_partial - started)
+    finally:
+        budget.token_budget, budget.new_req_slots = saved
+    if not len(more):
+        return pos, ns
+    return np.concatenate((pos, more)), np.concatenate((ns, more_ns))
+
+
 def _grant_timed(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.ndarray,
                  max_partial: int) -> list[tuple[R, int]]:
     """``grant_plan`` under a step-time allowance: each planned request gets what fits the time
@@ -74,6 +114,9 @@ def _grant_timed(q: Queue[R], budget: PrefillBudget, pos: np.ndarray, ns: np.nda
     for req, n, rem, fresh, keep in zip(reqs, tokens, q.rem[pos].tolist(), q.fresh[pos].tolist(), keeps):
         st.keep = keep  # time left for the requests planned behind this one
         m = st.fit(req, n)
+        if m <= 0 and keep:
+            st.keep = 0.0
+            continue  # nothing fits it beside the time kept for those behind: they still go
         if m <= 0 or (fresh and m < rem and n == rem and partial >= max_partial):
             break
         got = budget.grant(req, m)
