@@ -18,7 +18,7 @@ from sglang_pd.core.pd_rules import whole_prompt_pages
 from sglang_pd.core.scheduler import Scheduler
 from sglang_pd.engine.admission import Limits
 from sglang_pd.engine.attention import create_attention_backend
-from sglang_pd.engine.cpu_tuning import tune_allocator
+from sglang_pd.engine.cpu_tuning import tune_allocator, tune_threads
 from sglang_pd.engine.cuda_graph import graph_max_bs, graph_reserve_bytes
 from sglang_pd.engine.kv_pool import KVPool
 from sglang_pd.engine.memory import pool_pages
@@ -81,6 +81,8 @@ class EngineParts:
 def build_engine(args: ServerArgs, tp: TPGroup | None = None) -> EngineParts:
     if args.device == "cpu":
         tune_allocator()
+        if tp is None or tp.size == 1:  # TP ranks split the cores (engine/tp/group.py)
+            tune_threads()  # one worker per core stalls every operator when a core is busy
     torch.manual_seed(args.random_seed)
     model, cfg = load_model(args.model_path, cpu_aware_dtype(args.dtype, args.device), args.device,
                             args.load_format, tp)
