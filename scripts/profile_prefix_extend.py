@@ -28,8 +28,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 VOCAB = 49152
 STEP_SUM = re.compile(r'^sglang:engine_step_seconds_(sum|count)\{[^}]*mode="(\w+)"[^}]*\} (\S+)$', re.M)
