@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from sglang_pd.core.scheduled_step import ScheduledStep
 from sglang_pd.core.step import ForwardMode, StepProfile
-from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
+from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context
 from sglang_pd.scheduling.types import DecodePolicy, SchedReq
 
 logger = logging.getLogger("sglang_pd.engine.decode_log")
@@ -56,11 +56,10 @@ class DecodeLog:
             self._line = head
             return
         model = policy.model
-        t_all = model.batch_s([decode_context(r) for r in running])
+        ctx, dues, solo = policy.pace_view(running, now)  # the policy's own reading of the pace
+        t_all = model.batch_s(ctx)
         t_chosen = model.batch_s([decode_context(r) for r in chosen])
-        dues = [next_deadline(r, policy.tpot_s(r), now) - now for r in running]
-        behind = sum(d < model.step_s(1, decode_context(r), decode_context(r))
-                     for d, r in zip(dues, running))
+        behind = sum(d < s for d, s in zip(dues, solo))
         ids = {id(r) for r in chosen}
         marks = ",".join(f"{1e3 * d:.0f}{'' if id(r) in ids else 's'}"
                          for d, r in list(zip(dues, running))[:MAX_DUES])

@@ -58,6 +58,16 @@ class SlackDecodePolicy(DecodePolicy):
             return r.slo_tpot_s
         return no_slo_tpot_s(self.cfg)  # the no-SLO rule (scheduling/slo.py)
 
+    def pace_view(self, running: Sequence[SchedReq], now: float
+                  ) -> tuple[list[int], list[float], list[float]]:
+        """Each running request's decode context, time to its next due (negative: late) and
+        solo step time (the table's); a request is behind when due before its solo step ends.
+        The one reading of the pace, for the policies and the engine's decode log."""
+        ctx = [decode_context(r) for r in running]
+        due = [next_deadline(r, self.tpot_s(r), now) - now for r in running]
+        solo = [self.model.step_s(1, c, c) for c in ctx]
+        return ctx, due, solo
+
     def use_cost_model(self, model: DecodeCostModel) -> None:
         self.model = model
 

@@ -80,7 +80,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy, decode_context, next_deadline
+from sglang_pd.scheduling.decode.pacing import SlackDecodePolicy
 from sglang_pd.scheduling.types import R
 
 # a behind request recovers only while its lateness is under this share of its T_slo (docstring)
@@ -97,11 +97,9 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
     def choose(self, running: Sequence[R], now: float) -> list[R]:
         model = self.model
         n = len(running)
-        ctx = [decode_context(r) for r in running]
+        ctx, due, solo = self.pace_view(running, now)
         t_all = model.batch_s(ctx)
-        due = [next_deadline(r, self.tpot_s(r), now) - now for r in running]
         # behind its pace: misses its next deadline even decoded alone now; best effort
-        solo = [model.step_s(1, c, c) for c in ctx]
         behind = [d < s for d, s in zip(due, solo)]
         # a behind request whose pace is feasible and that is under half a token period late
         # (what a hiccup leaves) catches up by decoding every step; any other is best effort
