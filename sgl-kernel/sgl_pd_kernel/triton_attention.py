@@ -86,7 +86,9 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
                                     row, row, dummy_slots, ROW=row, BLOCK=triton.next_power_of_2(row))
 
 
-@triton.jit
+# ``stride_tb`` is not specialised on: a per-token slot table is as wide as the step's longest
+# request, and Triton would compile a variant per "width divisible by 16 or not" mid-serving.
+@triton.jit(do_not_specialize=["stride_tb"])
 def _decode_split_kernel(Q, K, V, Table, SeqLens, OutPart, LsePart, stride_qb, stride_qh,
                          stride_ks, stride_kh, stride_vs, stride_vh, stride_tb,
                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh, scale,
@@ -194,7 +196,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"])  # the table's width changes every step (above)
 def _extend_kernel(Q, K, V, Out, Table, SeqLens, ExtLens, QStart, stride_qt, stride_qh,
                    stride_ks, stride_kh, stride_vs, stride_vh, stride_tb, stride_ot, stride_oh, scale,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,

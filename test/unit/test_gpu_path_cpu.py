@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
@@ -324,14 +325,14 @@ def test_cpu_runner_keeps_the_host_path() -> None:
 
 def test_one_copy_layout_round_trips() -> None:
     """The packed layout HostStaging copies in one go gives back every field of the batch."""
-    from sglang_pd.engine.cuda_graph import pack_step, unpack_step
+    from sglang_pd.engine.cuda_graph import pack_step, packed_size, unpack_step
 
     reqs = PagedRequests(make_pool(LAYERS, HKV, D), TorchAttnBackend(), seed=3)
     reqs.batch(ForwardMode.EXTEND, {0: [1] * 5, 1: [2] * 2})
     want = reqs.batch(ForwardMode.EXTEND, {0: [3, 4], 1: [5], 2: [6, 7, 8, 9, 10, 11, 12]})
     ids, pos, loc = (t.tolist() for t in (want.input_ids, want.positions, want.out_cache_loc))
     seq, ext = want.seq_lens.tolist(), want.extend_lens.tolist()
-    packed = torch.full((3 * len(ids) + 2 * len(seq) + want.token_slots.numel(),), -1)
+    packed = torch.full((packed_size(len(ids), len(seq), want.token_slots.numel()),), -1)
     wide = torch.cat([want.token_slots, torch.zeros_like(want.token_slots)], 1)
     slots_view = wide[:, : want.token_slots.shape[1]]  # non-contiguous, as ModelRunner's slice is
     pack_step(packed, ids, pos, loc, seq, ext, slots_view)
@@ -341,3 +342,26 @@ def test_one_copy_layout_round_trips() -> None:
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     assert torch.equal(got.device_lens, torch.stack([want.seq_lens, want.extend_lens]))
     assert got.seq_lens.device.type == "cpu" and got.extend_lens.device.type == "cpu"
+
+
+@settings(max_examples=200, deadline=None)
+@given(bsz=st.integers(1, 40), extra=st.integers(0, 300), width=st.integers(1, 70))
+def test_packed_segments_start_16_byte_aligned(bsz: int, extra: int, width: int) -> None:
+    """Every tensor a kernel receives from the packed step starts on a 16-byte boundary whatever
+    the step's token and request counts: Triton specialises on pointer alignment, and segments
+    at count-dependent offsets made it compile new kernel variants under live load on the H200."""
+    from sglang_pd.engine.cuda_graph import pack_step, packed_size, unpack_step
+
+    n = bsz + extra
+    ids, seq, ext = list(range(n)), [n + i for i in range(bsz)], [1] * (bsz - 1) + [extra + 1]
+    slots = torch.arange(bsz * width).view(bsz, width)
+    packed = torch.full((packed_size(n, bsz, slots.numel()),), -1)
+    assert packed.data_ptr() % 16 == 0
+    pack_step(packed, ids, [i + 7 for i in ids], [i + 9 for i in ids], seq, ext, slots)
+    got = unpack_step(packed, ForwardMode.EXTEND, seq, ext, tuple(slots.shape), None, None)  # type: ignore[arg-type]
+    views = (got.input_ids, got.positions, got.out_cache_loc, got.token_slots, got.device_lens[0],
+             got.device_lens[1])
+    assert all(v.data_ptr() % 16 == 0 for v in views)
+    assert got.input_ids.tolist() == ids and got.positions.tolist() == [i + 7 for i in ids]
+    assert got.out_cache_loc.tolist() == [i + 9 for i in ids] and torch.equal(got.token_slots, slots)
+    assert got.device_lens[0].tolist() == seq and got.device_lens[1].tolist() == ext

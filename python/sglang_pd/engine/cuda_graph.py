@@ -15,6 +15,7 @@ Nothing here runs on CPU except the bucket arithmetic and the padding fill, whic
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +106,7 @@ class HostStaging:
     def to_device(self, mode: ForwardMode, ids: list[int], positions: list[int], out_loc: list[int],
                   seq_lens: list[int], extend_lens: list[int], token_slots: torch.Tensor,
                   kv_pool: KVPool, attn_backend: AttentionBackend) -> ForwardBatch:
-        host = self._buffer(3 * len(ids) + 2 * len(seq_lens) + token_slots.numel())
+        host = self._buffer(packed_size(len(ids), len(seq_lens), token_slots.numel()))
         pack_step(host, ids, positions, out_loc, seq_lens, extend_lens, token_slots)
         dev = host.to(self.device, non_blocking=True)
         self._copied = torch.cuda.Event()
@@ -114,13 +115,45 @@ class HostStaging:
                            attn_backend)
 
 
+# Each segment of a packed step starts on a 16-byte boundary (an even int64 index). Triton
+# specialises a kernel on whether each pointer argument is 16-byte aligned, so segments at
+# offsets that follow the step's token and request counts gave each parity of those counts its
+# own compile: on a cold H200 a colocated server compiled 8 extend-attention and 1 RoPE variant
+# under its first load, which the start-up warm-up (its own aligned tensors) never saw, and the
+# first requests' TTFT was 1.8-2.1 s instead of 9 ms (docs/gpu.md section 5).
+SEGMENT_ALIGN = 2
+
+
+def _up(n: int) -> int:
+    return -(-n // SEGMENT_ALIGN) * SEGMENT_ALIGN
+
+
+def step_layout(num_tokens: int, bsz: int) -> tuple[int, int, int, int, int]:
+    """Start offsets of positions, out_loc, the lengths block ([2, bsz] with row stride
+    ``_up(bsz)``) and the token slots in a packed step; ids start at 0."""
+    pos = _up(num_tokens)
+    loc = pos + _up(num_tokens)
+    lens = loc + _up(num_tokens)
+    slots = lens + 2 * _up(bsz)
+    return pos, loc, lens, _up(bsz), slots
+
+
+def packed_size(num_tokens: int, bsz: int, slots_numel: int) -> int:
+    return step_layout(num_tokens, bsz)[4] + slots_numel
+
+
 def pack_step(out: torch.Tensor, ids: list[int], positions: list[int], out_loc: list[int],
               seq_lens: list[int], extend_lens: list[int], token_slots: torch.Tensor) -> None:
-    """Lay a step's integers out in ``out`` (int64): ids, positions, out_loc, seq_lens,
-    extend_lens, then token_slots row by row."""
-    head = ids + positions + out_loc + seq_lens + extend_lens
-    out[: len(head)] = torch.tensor(head, dtype=torch.long)
-    out[len(head) :] = token_slots.reshape(-1)
+    """Lay a step's integers out in ``out`` (int64, ``packed_size`` long): ids, positions,
+    out_loc, seq_lens, extend_lens, then token_slots row by row, each from an aligned offset
+    (the gaps hold zeros)."""
+    n, bsz = len(ids), len(seq_lens)
+    pos, loc, lens, row, slots = step_layout(n, bsz)
+    head = [0] * slots
+    head[0:n], head[pos : pos + n], head[loc : loc + n] = ids, positions, out_loc
+    head[lens : lens + bsz], head[lens + row : lens + row + bsz] = seq_lens, extend_lens
+    out[:slots] = torch.tensor(head, dtype=torch.long)
+    out[slots:] = token_slots.reshape(-1)
 
 
 def unpack_step(packed: torch.Tensor, mode: ForwardMode, seq_lens: list[int], extend_lens: list[int],
@@ -128,14 +161,14 @@ def unpack_step(packed: torch.Tensor, mode: ForwardMode, seq_lens: list[int], ex
                 attn_backend: AttentionBackend) -> ForwardBatch:
     """The ForwardBatch viewing a ``pack_step`` layout (on any device); lengths also on the host."""
     n, bsz = sum(extend_lens), len(seq_lens)
-    head = 3 * n + 2 * bsz
+    pos, loc, lens, row, slots = step_layout(n, bsz)
     return ForwardBatch(
-        mode=mode, input_ids=packed[:n], positions=packed[n : 2 * n],
-        out_cache_loc=packed[2 * n : 3 * n],
+        mode=mode, input_ids=packed[:n], positions=packed[pos : pos + n],
+        out_cache_loc=packed[loc : loc + n],
         seq_lens=torch.tensor(seq_lens, dtype=torch.long),  # host copies: metadata reads these
         extend_lens=torch.tensor(extend_lens, dtype=torch.long),
-        token_slots=packed[head:].view(slots_shape), kv_pool=kv_pool, attn_backend=attn_backend,
-        device_lens=packed[3 * n : head].view(2, bsz))
+        token_slots=packed[slots : slots + math.prod(slots_shape)].view(slots_shape), kv_pool=kv_pool,
+        attn_backend=attn_backend, device_lens=packed[lens : lens + 2 * row].view(2, row)[:, :bsz])
 
 
 def warm_on_side_stream(model: torch.nn.Module, batch: ForwardBatch, runs: int = 2) -> torch.Tensor:

@@ -15,6 +15,6 @@ STAGES: dict[str, tuple[str, int]] = {
     "decode": ("decode_stage", 50),
     "prefill": ("prefill_stage", 30),
     "short_prefill": ("short_prefill_stage", 35),  # an engine start and 9 bucket captures
-    "serving": ("serving_stage", 45),
+    "serving": ("serving_stage", 70),  # the server compiles its kernels into an empty cache
     "pd": ("pd_stage", 60),
 }

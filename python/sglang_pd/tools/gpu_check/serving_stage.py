@@ -1,11 +1,15 @@
 """Stage serving: a colocated server (tiny model; Triton attention and CUDA graphs on the device)
 started with launch_server, one sampled request (temperature 1, top-p/top-k) that must answer
 200, then a short bench_serving run (random prompts, fixed rate), then the server stopped. The
-server's last log lines come back with the piece."""
+server's last log lines come back with the piece. On the device the server gets an empty Triton
+cache of its own, and the kernels compiled after /health answered (after the start-up warm-up,
+i.e. under the requests) are listed: each one stalled a live request (seconds of TTFT); the stage
+is partial when there is any."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +21,7 @@ from typing import Any
 from sglang_pd.tools.gpu_check.common import Ctx, attempt
 from sglang_pd.utils.server_procs import free_port, require_healthy, spawn_logged, stop
 
-START_TIMEOUT_S = 25.0
+START_TIMEOUT_S = 45.0  # an empty Triton cache: the warm-up compiles every variant
 STOP_GRACE_S = 10.0  # the stage has a short time limit; a server that ignores SIGTERM is killed
 
 
@@ -59,6 +63,18 @@ def start_server(ctx: Ctx, log: Path, graphs: bool) -> tuple[subprocess.Popen, s
     return spawn_logged(cmd, log), f"http://127.0.0.1:{port}"
 
 
+def triton_kernels(cache: Path) -> list[str]:
+    """Every compiled kernel in a Triton cache dir: one metadata JSON each (group files aside)."""
+    out = []
+    for f in sorted(cache.rglob("*.json")) if cache.exists() else []:
+        if not f.name.startswith("__grp__"):
+            try:
+                out.append(f"{f.parent.name}/{json.loads(f.read_text()).get('name', f.stem)}")
+            except (OSError, ValueError):
+                out.append(f"{f.parent.name}/{f.stem}")
+    return out
+
+
 def _exit_on_term(signum: int, frame: Any) -> None:
     raise SystemExit(f"stopped by signal {signum} (the stage's time limit)")
 
@@ -74,6 +90,9 @@ def run(ctx: Ctx, rec: Any) -> str:
     # check.sh's timeout sends SIGTERM: unwind through ``finally`` so the server (its own
     # session, which the timeout does not reach) is stopped and does not hold the GPU
     signal.signal(signal.SIGTERM, _exit_on_term)
+    cache = ctx.work / "triton_cache_serving"
+    if not ctx.dry_run:
+        os.environ["TRITON_CACHE_DIR"] = str(cache)  # inherited by the server: starts empty
     try:
         # graphs on (the default) first; if that server cannot start, once more without graphs
         for graphs in ([True] if ctx.dry_run else [True, False]):
@@ -86,8 +105,12 @@ def run(ctx: Ctx, rec: Any) -> str:
         if "error" in start:
             rec.piece["status"] = "fail"
             return f"server did not start: {start['error']}"
+        warm = triton_kernels(cache)
         sampled = attempt(rec, "sampled_request", lambda: sampled_request(url))
         result = attempt(rec, "bench_serving", lambda: bench(ctx, url))
+        late = sorted(set(triton_kernels(cache)) - set(warm))
+        rec.data["jit_after_warmup"] = {"at_health": len(warm), "compiled_under_load": len(late),
+                                        "kernels": [k.split("/")[1] for k in late]}
     finally:
         if proc is not None:
             stop(proc, STOP_GRACE_S)
@@ -98,6 +121,9 @@ def run(ctx: Ctx, rec: Any) -> str:
         rec.piece["status"] = "fail"
         return "; ".join(x["error"][:150] for x in (sampled, result) if "error" in x)
     mode = "graphs" if "start_graphs_off" not in rec.data else "no graphs (graphs failed to start)"
-    return (f"{mode}: {result.get('completed')}/{result['num_prompts']} done, "
+    jit = rec.data.get("jit_after_warmup", {}).get("compiled_under_load", 0)
+    if jit:
+        rec.piece["status"] = "partial"  # a request paid a compile the warm-up should have done
+    return (f"{jit} kernels JIT-compiled after warm-up; " if jit else "") + (f"{mode}: {result.get('completed')}/{result['num_prompts']} done, "
             f"{result.get('output_throughput', 0):.0f} out tok/s, TTFT p50 "
             f"{result.get('median_ttft_ms', 0):.1f} ms, TPOT p50 {result.get('median_tpot_ms', 0):.2f} ms")
