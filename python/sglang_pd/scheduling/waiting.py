@@ -7,7 +7,7 @@ compares it with one or concatenates it keeps working) and also holds, position 
 numpy columns of the numbers the policies read: arrival, TTFT SLO (NaN when the request has
 none, i.e. ``slo_ttft_s`` is falsy: the policies fill their default), arrival + SLO with the
 no-SLO default filled in when the queue is given it (``due``: a deadline in one subtraction,
-issue 28), prefilled_len,
+issue 28) and the SLO with that default filled in (``slo_or``: kairos reads it as is), prefilled_len,
 cached_len, prefill_remaining, and each request's work features for the configured chunk size
 (``cost_model.work_features``: chunks, r(r + 2H), context summed over the chunks), from which a
 work estimate is four products and three sums. It also counts neighbour pairs with equal and with
@@ -38,9 +38,9 @@ from sglang_pd.scheduling.types import SchedReq
 # float columns, then int columns (one 2-D array each: an insert or removal shifts one block);
 # remaining and prefilled are also kept as floats (exact: whole numbers below 2**53), which the
 # cost model's array arithmetic reads without a cast per operation
-ARRIVAL, SLO, DUE, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(8)
+ARRIVAL, SLO, DUE, SLO_OR, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(9)
 PREFILLED, CACHED, REMAINING = 0, 1, 2
-_NF = 8
+_NF = 9
 _MIN_CAP = 64
 
 
@@ -50,6 +50,7 @@ class Columns(NamedTuple):
     arrival: np.ndarray
     slo: np.ndarray  # TTFT SLO in seconds, NaN where the request has none
     due: np.ndarray  # arrival + (SLO or the queue's ``no_slo_s``): NaN without ``no_slo_s``
+    slo_or: np.ndarray  # SLO or the queue's ``no_slo_s``: NaN without ``no_slo_s``
     remaining_f: np.ndarray  # ``remaining`` as float64 (exact)
     prefilled_f: np.ndarray  # ``prefilled`` as float64 (exact)
     chunks: np.ndarray  # ``cost_model.work_features`` for chunks of the queue's ``chunk``:
@@ -63,8 +64,9 @@ class Columns(NamedTuple):
 
 def _floats(r: SchedReq, chunk: int | None, no_slo_s: float | None) -> tuple[float, ...]:
     # the deadline policies' ``slos + arrival`` per request (the same IEEE sum: a + b == b + a)
-    due = math.nan if no_slo_s is None else (r.slo_ttft_s or no_slo_s) + r.arrival
-    return (r.arrival, (r.slo_ttft_s or math.nan), due, float(r.prefill_remaining), float(r.prefilled_len),
+    slo_or = math.nan if no_slo_s is None else (r.slo_ttft_s or no_slo_s)
+    return (r.arrival, (r.slo_ttft_s or math.nan), slo_or + r.arrival, slo_or, float(r.prefill_remaining),
+            float(r.prefilled_len),
             *work_features(r.prefill_remaining, r.prefilled_len, chunk))
 
 
@@ -126,7 +128,7 @@ class WaitingQueue(list[Any]):
         v = self._views
         if v is None or len(v.arrival) != n or v.arrival.base is not f:
             i = self._i
-            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[DUE, :n], f[REMAINING_F, :n],
+            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[DUE, :n], f[SLO_OR, :n], f[REMAINING_F, :n],
                                       f[PREFILLED_F, :n], f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
                                       i[CACHED, :n], i[REMAINING, :n], self._o[:n])
         return v
@@ -289,6 +291,7 @@ class WaitingQueue(list[Any]):
                     or tuple(self._f[REMAINING_F:, k].tolist()) != f[REMAINING_F:]
                     or not (self._f[SLO, k] == f[1] or (math.isnan(f[1]) and math.isnan(self._f[SLO, k])))
                     or not (self._f[DUE, k] == f[2] or (math.isnan(f[2]) and math.isnan(self._f[DUE, k])))
+                    or not (self._f[SLO_OR, k] == f[3] or (math.isnan(f[3]) and math.isnan(self._f[SLO_OR, k])))
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
                                    f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")
