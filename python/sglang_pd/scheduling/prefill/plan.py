@@ -43,6 +43,7 @@ FILTER_MIN = 128  # the tail scans a sorted part this long after an array filter
 MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the budget)
 PASS_MAX = 384  # a first block up to this long, holding more than PASS_BUDGETS budgets of
 PASS_BUDGETS = 2  # tokens, is walked in one Python pass (``_pass``)
+KNOWN_MIN = 32  # the tail scans the sorted part alone first when at least this long
 
 _NO_POS = np.empty(0, dtype=np.intp)
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -251,9 +252,11 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     if slots <= 0 and not started:
         return
     # first the part of the order already sorted (``Order.known``: the block the walk read,
-    # where the tail mostly ends): one scan, no pass over the whole queue
+    # where the tail mostly ends): one scan, no pass over the whole queue; a short one (kairos:
+    # ~20 left of its first block) is left to the candidates below, which hold it too, so the
+    # tail is one sort and one scan, not two scans (issue 28)
     seg = order.known(p)
-    if len(seg):
+    if len(seg) >= KNOWN_MIN:
         done, tokens, slots = _scan(seg, rem_all, fresh_all, tokens, slots, chunk, started, got, got_n)
         if done:
             _add(pos, ns, got, got_n)
