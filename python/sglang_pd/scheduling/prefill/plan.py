@@ -113,9 +113,11 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         ok = None  # which ones the partial and slot rules let go (None: all)
         big = f & (r > chunk)  # fresh ones a chunk cuts: each one more partly prefilled
         n_big = int(np.count_nonzero(big))
+        cuts = False  # whether the rules let some of ``big`` go (else none is counted below)
         if n_big:
             quota = max_partial - partial
-            ok = ~big if quota <= 0 else ~big | (big.cumsum() <= quota)
+            cuts = quota > 0
+            ok = ~big | (big.cumsum() <= quota) if cuts else ~big
         if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
             goes = f if ok is None else f & ok
             has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
@@ -138,7 +140,8 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
                 partial += n_big
             else:
                 slots -= int(np.count_nonzero(f & ok))
-                partial += int(np.count_nonzero(big & ok))
+                if cuts:
+                    partial += int(np.count_nonzero(big & ok))
             if slots <= 0 and read < n:  # only started requests may go from here on
                 tail = (read, tokens, slots)
                 break
@@ -150,7 +153,7 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
             break
         _emit(pos, ns, seg, c, ok, end)
         left = tokens - (int(cum[end - 1]) if end else 0)
-        if f[end]:
+        if cuts and f[end]:  # (else none of ``big`` went: ok is None only without any)
             before = big[:end] if ok is None else big[:end] & ok[:end]
             partial += int(np.count_nonzero(before))
         if not f[end] or partial < max_partial:  # it takes what is left: the step is full
@@ -262,10 +265,10 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
             _add(pos, ns, got, got_n)
             return
         p += len(seg)
-    # the length that must fit the tokens left: 0 for a started one (it always goes)
-    fit = np.where(fresh_all, q.remf, 0.0) if started else q.remf
-    if slots > 0:
-        allowed = fit <= min(tokens, chunk)
+    if slots > 0:  # a fresh one within the tokens left (and the chunk), a started one always
+        allowed = q.rem <= min(tokens, chunk)
+        if started:
+            allowed |= ~fresh_all
     else:
         allowed = ~fresh_all
     idx, key, group = order.rest(p, allowed)
@@ -283,6 +286,8 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     # position, group; ungrouped, built only once the tail grants a second one (it often
     # ends with the first: that one is read from ``key`` alone)
     t: np.ndarray | None = None
+    # the length that must fit the tokens left: 0 for a started one (it always goes)
+    fit = np.where(fresh_all, q.remf, 0.0) if started else q.remf
     if group is not None:  # by group (stable: queue order within one): the first group leads
         t = _table(key, fit, idx, group)
     while True:
