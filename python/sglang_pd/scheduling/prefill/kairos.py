@@ -98,7 +98,7 @@ class KairosPrefillPolicy(DeadlinePolicy):
         fin -= q.arrival
         fin -= slos - self.margin_s if self.margin_s else slos  # (x - 0.0 == x: no copy)
         fin /= slos
-        fin /= np.maximum(q.remf, 1.0)
+        fin /= q.remf if q.n_empty == 0 else np.maximum(q.remf, 1.0)  # (all >= 1 without empty ones)
         return fin
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:

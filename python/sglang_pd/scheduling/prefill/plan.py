@@ -126,7 +126,7 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
             c = np.where(ok, c, 0)
         cum = c.cumsum()
         end = int(cum.searchsorted(tokens))  # the request that reaches the budget
-        if r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
+        if q.n_empty != 0 and r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
             zero = r <= 0 if ok is None else (r <= 0) & ok
             z = int(zero.argmax())
             if zero[z] and z < end:
