@@ -142,7 +142,7 @@ class PrefillBudget:
             if k < len(ns):  # (all admitted, the usual case: no copies)
                 reqs, ns, starting = reqs[:k], ns[:k], starting[:k]
             self.token_budget -= sum(ns)
-            self.new_req_slots -= sum(starting)
+            self.new_req_slots -= starting.count(True) if isinstance(starting, list) else sum(starting)
             self.granted.extend(zip(reqs, ns))
         return k
 

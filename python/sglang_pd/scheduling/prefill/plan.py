@@ -118,14 +118,20 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
             quota = max_partial - partial
             cuts = quota > 0
             ok = ~big | (big.cumsum() <= quota) if cuts else ~big
-        if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
-            goes = f if ok is None else f & ok
-            has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
-            ok = has_slot if ok is None else ok & has_slot
         if ok is not None:
             c = np.where(ok, c, 0)
         cum = c.cumsum()
         end = int(cum.searchsorted(tokens))  # the request that reaches the budget
+        if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
+            goes = f if ok is None else f & ok
+            # only if they run out at or before ``end`` does the slot rule change what goes
+            # before it, and ``end`` (sjf: 256 slots, the budget spent by the 249th)
+            if int(np.count_nonzero(goes[: end + 1])) > slots:
+                has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
+                ok = has_slot if ok is None else ok & has_slot
+                c = np.where(ok, c, 0)
+                cum = c.cumsum()
+                end = int(cum.searchsorted(tokens))
         if q.n_empty != 0 and r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
             zero = r <= 0 if ok is None else (r <= 0) & ok
             z = int(zero.argmax())
