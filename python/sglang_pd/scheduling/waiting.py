@@ -96,10 +96,12 @@ class WaitingQueue(list[Any]):
 
     # ------------------------------------------------------------------ arrival order
     def _count_pairs(self) -> None:
-        """Count the neighbours with equal arrivals and those out of order, and the requests
-        with nothing left to prefill (from scratch)."""
+        """Count the neighbours with equal arrivals and those out of order, the requests with
+        nothing left to prefill and the tokens left to prefill (from scratch)."""
         a = self._f[ARRIVAL, : len(self)]
-        self._empty = int(np.count_nonzero(self._i[REMAINING, : len(self)] <= 0))
+        rem = self._i[REMAINING, : len(self)]
+        self._empty = int(np.count_nonzero(rem <= 0))
+        self._rem_total = int(rem.sum())
         self._ties = int(np.count_nonzero(a[1:] == a[:-1]))
         self._inversions = int(np.count_nonzero(a[1:] < a[:-1]))
 
@@ -116,6 +118,11 @@ class WaitingQueue(list[Any]):
         """Requests with nothing left to prefill (``prefill_remaining <= 0``): rare, and while
         there are none a decision skips the tests for them (issue 28)."""
         return self._empty
+
+    @property
+    def remaining_total(self) -> int:
+        """``prefill_remaining`` summed over the queue (the plan's first block is sized by it)."""
+        return self._rem_total
 
     @property
     def ordered(self) -> bool:
@@ -196,6 +203,7 @@ class WaitingQueue(list[Any]):
         self._i[:, k] = _ints(req)
         self._o[k] = req
         self._empty += req.prefill_remaining <= 0
+        self._rem_total += req.prefill_remaining
         list.insert(self, k, req)
         if k > 0:
             self._pair(k - 1, k, 1)
@@ -231,6 +239,7 @@ class WaitingQueue(list[Any]):
         if k < n - 1:
             self._pair(k, k + 1, -1)
         self._empty -= bool(self._i[REMAINING, k] <= 0)
+        self._rem_total -= int(self._i[REMAINING, k])
         self._f[:, k: n - 1] = self._f[:, k + 1: n]
         self._i[:, k: n - 1] = self._i[:, k + 1: n]
         self._o[k: n - 1] = self._o[k + 1: n]
@@ -251,7 +260,7 @@ class WaitingQueue(list[Any]):
     def clear(self) -> None:
         self._o[: len(self)] = None
         list.clear(self)
-        self._ties = self._inversions = self._empty = 0
+        self._ties = self._inversions = self._empty = self._rem_total = 0
 
     def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
         raise TypeError("WaitingQueue keeps arrival order: use add/insert/remove")
@@ -270,6 +279,7 @@ class WaitingQueue(list[Any]):
         Arrival and SLO are fixed while a request waits."""
         k = self.position(req)
         self._empty += (req.prefill_remaining <= 0) - bool(self._i[REMAINING, k] <= 0)
+        self._rem_total += req.prefill_remaining - int(self._i[REMAINING, k])
         self._i[:, k] = _ints(req)
         self._f[REMAINING_F:, k] = _floats(req, self.chunk, self.no_slo_s)[REMAINING_F:]
 
@@ -306,10 +316,11 @@ class WaitingQueue(list[Any]):
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
                                    f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")
-        ties, inversions, empty = self._ties, self._inversions, self._empty
+        ties, inversions, empty, total = self._ties, self._inversions, self._empty, self._rem_total
         self._count_pairs()
-        if empty != self._empty:
-            raise RuntimeError(f"waiting queue counted {empty} requests with nothing to prefill, not {self._empty}")
+        if (empty, total) != (self._empty, self._rem_total):
+            raise RuntimeError(f"waiting queue counted {empty} requests with nothing to prefill and {total} "
+                               f"tokens to prefill, not {self._empty} and {self._rem_total}")
         if (ties, inversions) != (self._ties, self._inversions):
             raise RuntimeError(f"waiting queue counted {ties} equal and {inversions} unordered arrival "
                                f"neighbours, not {self._ties} and {self._inversions}")

@@ -87,6 +87,16 @@ class DeadlinePolicy(PrefillPolicy):
         d -= self.margin_s
         return d
 
+    def deadlines_minus(self, q: Queue[R], x: np.ndarray | float) -> np.ndarray:
+        """``deadlines(q) - x``, a new array: without a margin one subtraction from the queue's
+        ``due`` (due - 0.0 is due exactly), not two (lrs, lars: issue 28)."""
+        if not self.margin_s and q.due is not None and q.due_default == self.no_slo_s:
+            out: np.ndarray = q.due - x
+            return out
+        d = self.deadlines(q)
+        d -= x
+        return d
+
     def work_s(self, req: R) -> float:
         """Seconds of prefill still to do (alone, chunk by chunk)."""
         return self.model.request_s(req.prefill_remaining, req.prefilled_len, self.chunk)

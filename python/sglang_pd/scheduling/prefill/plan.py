@@ -67,7 +67,8 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
     ns: list[np.ndarray] = []
     tail: tuple[int, int, int] | None = None  # where the tail starts: position, tokens, slots
     # first block: enough requests of the queue's mean size to spend the budget 5 times over
-    read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(int(rem_all.sum()), 1) + 1)
+    total = q.rem_total if q.rem_total is not None else int(rem_all.sum())  # (kept by the waiting queue)
+    read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(total, 1) + 1)
     seg = order.head(size)
     r = rem_all[seg]
     # a first block of a few hundred that holds several budgets (so the walk passes over more
