@@ -4,8 +4,8 @@ machine two runs of bench_prefill_decision.py minutes apart differ by 1.5-2x, so
 side by side instead: one worker process per tree (each imports its own tree's package and
 bench_prefill_decision.py queue), asked in turn for short batches of ``schedule`` calls per policy
 (which tree goes first alternates), both pinned to one core so they see the same contention.
-Prints per policy p50 / p10 / least of each tree (microseconds, 1,000 waiting, the Scheduler's
-WaitingQueue) and new/base, and the plan sizes (they must match).
+Prints per policy p50 / p10 / least of each tree (microseconds, ``--waiting`` requests, 1,000 by
+default, in the Scheduler's WaitingQueue) and new/base, and the plan sizes (they must match).
 
   python scripts/ab_prefill_decision.py --base 08b8c42 [--policies kairos,sjf] [--batches 40]
       [--batch 10] [--cpu 0]
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 POLICIES = "fcfs,kairos,kairos+,lars,edf,lrs,sjf,dual(fcfs),dual(kairos+),dual(edf)"
 
 
-def worker(tree: str) -> None:
+def worker(tree: str, waiting_n: int) -> None:
     """Answer 'policy count' lines on stdin with that many call times (us) and the plan's size."""
     sys.path.insert(0, f"{tree}/python")
     spec = importlib.util.spec_from_file_location("bench", f"{tree}/scripts/bench_prefill_decision.py")
@@ -45,7 +45,7 @@ def worker(tree: str) -> None:
         if name not in setups:
             dual = name.startswith("dual(")
             cfg = PolicyConfig(prefill_queues="dual" if dual else "single")
-            reqs, now = bench.make_queue(1000, 0)
+            reqs, now = bench.make_queue(waiting_n, 0)
             setups[name] = (cfg, create_prefill_policy(name[5:-1] if dual else name, cfg),
                             bench.as_scheduler_queue(reqs, cfg), now)
         cfg, policy, waiting, now = setups[name]
@@ -69,10 +69,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40, help="turns per tree and policy")
     ap.add_argument("--batch", type=int, default=10, help="calls per turn")
     ap.add_argument("--cpu", type=int, default=0, help="the core both workers are pinned to (-1: none)")
+    ap.add_argument("--waiting", type=int, default=1000, help="queue length")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker)
+        return worker(args.worker, args.waiting)
     base = args.base_tree
     if base is None:
         if not args.base:
@@ -84,7 +85,8 @@ def main() -> None:
                                      check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
     pin = [] if args.cpu < 0 else ["taskset", "-c", str(args.cpu)]
-    workers = {tag: subprocess.Popen([*pin, sys.executable, __file__, "--worker", tree], stdin=subprocess.PIPE,
+    workers = {tag: subprocess.Popen([*pin, sys.executable, __file__, "--worker", tree,
+                                      "--waiting", str(args.waiting)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
                for tag, tree in (("base", base), ("new", str(REPO)))}
 
