@@ -93,15 +93,18 @@ class WaitingQueue(list[Any]):
             self._i[:, k] = _ints(r)
             self._o[k] = r
         self._count_pairs()
+        self._count_rem()
 
     # ------------------------------------------------------------------ arrival order
-    def _count_pairs(self) -> None:
-        """Count the neighbours with equal arrivals and those out of order, the requests with
-        nothing left to prefill and the tokens left to prefill (from scratch)."""
-        a = self._f[ARRIVAL, : len(self)]
+    def _count_rem(self) -> None:
+        """Count the requests with nothing left to prefill and the tokens left (from scratch)."""
         rem = self._i[REMAINING, : len(self)]
         self._empty = int(np.count_nonzero(rem <= 0))
-        self._rem_total = int(rem.sum())
+        self._rem_total: int | None = int(rem.sum())
+
+    def _count_pairs(self) -> None:
+        """Count the neighbours with equal arrivals and those out of order (from scratch)."""
+        a = self._f[ARRIVAL, : len(self)]
         self._ties = int(np.count_nonzero(a[1:] == a[:-1]))
         self._inversions = int(np.count_nonzero(a[1:] < a[:-1]))
 
@@ -121,7 +124,10 @@ class WaitingQueue(list[Any]):
 
     @property
     def remaining_total(self) -> int:
-        """``prefill_remaining`` summed over the queue (the plan's first block is sized by it)."""
+        """``prefill_remaining`` summed over the queue (the plan's first block is sized by it);
+        a subset sums it when first asked."""
+        if self._rem_total is None:
+            self._rem_total = int(self._i[REMAINING, : len(self)].sum())
         return self._rem_total
 
     @property
@@ -203,7 +209,8 @@ class WaitingQueue(list[Any]):
         self._i[:, k] = _ints(req)
         self._o[k] = req
         self._empty += req.prefill_remaining <= 0
-        self._rem_total += req.prefill_remaining
+        if self._rem_total is not None:
+            self._rem_total += req.prefill_remaining
         list.insert(self, k, req)
         if k > 0:
             self._pair(k - 1, k, 1)
@@ -239,7 +246,8 @@ class WaitingQueue(list[Any]):
         if k < n - 1:
             self._pair(k, k + 1, -1)
         self._empty -= bool(self._i[REMAINING, k] <= 0)
-        self._rem_total -= int(self._i[REMAINING, k])
+        if self._rem_total is not None:
+            self._rem_total -= int(self._i[REMAINING, k])
         self._f[:, k: n - 1] = self._f[:, k + 1: n]
         self._i[:, k: n - 1] = self._i[:, k + 1: n]
         self._o[k: n - 1] = self._o[k + 1: n]
@@ -279,7 +287,8 @@ class WaitingQueue(list[Any]):
         Arrival and SLO are fixed while a request waits."""
         k = self.position(req)
         self._empty += (req.prefill_remaining <= 0) - bool(self._i[REMAINING, k] <= 0)
-        self._rem_total += req.prefill_remaining - int(self._i[REMAINING, k])
+        if self._rem_total is not None:
+            self._rem_total += req.prefill_remaining - int(self._i[REMAINING, k])
         self._i[:, k] = _ints(req)
         self._f[REMAINING_F:, k] = _floats(req, self.chunk, self.no_slo_s)[REMAINING_F:]
 
@@ -301,6 +310,10 @@ class WaitingQueue(list[Any]):
         out._i[:, :m] = self._i[:, idx]
         out._o[:m] = self._o[idx]
         out._count_pairs()
+        # (a snapshot for one decision: no empty ones in a part of a queue without any; the
+        # total summed only if asked)
+        out._empty = 0 if not self._empty else int(np.count_nonzero(out._i[REMAINING, :m] <= 0))
+        out._rem_total = None
         return out
 
     def check(self) -> None:
@@ -316,8 +329,9 @@ class WaitingQueue(list[Any]):
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
                                    f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")
-        ties, inversions, empty, total = self._ties, self._inversions, self._empty, self._rem_total
+        ties, inversions, empty, total = self._ties, self._inversions, self._empty, self.remaining_total
         self._count_pairs()
+        self._count_rem()
         if (empty, total) != (self._empty, self._rem_total):
             raise RuntimeError(f"waiting queue counted {empty} requests with nothing to prefill and {total} "
                                f"tokens to prefill, not {self._empty} and {self._rem_total}")

@@ -67,7 +67,9 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
     ns: list[np.ndarray] = []
     tail: tuple[int, int, int] | None = None  # where the tail starts: position, tokens, slots
     # first block: enough requests of the queue's mean size to spend the budget 5 times over
-    total = q.rem_total if q.rem_total is not None else int(rem_all.sum())  # (kept by the waiting queue)
+    total = q.rem_total  # (kept by the waiting queue)
+    if total is None:
+        total = int(rem_all.sum())
     read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(total, 1) + 1)
     seg = order.head(size)
     r = rem_all[seg]

@@ -22,7 +22,7 @@ class Queue(Generic[R]):
     policy's own subset) they are read from the requests here, once. Every policy then runs the
     same array code on either, so both give the same decision."""
 
-    __slots__ = ("reqs", "arrival", "slo", "due", "slo_or", "due_default", "pre", "cached", "rem", "fresh", "n_started", "n_empty", "rem_total", "_objs",
+    __slots__ = ("reqs", "arrival", "slo", "due", "slo_or", "due_default", "pre", "cached", "rem", "fresh", "n_started", "n_empty", "_wq", "_objs",
                  "_remf", "_pref", "_features", "_ordered", "_distinct", "_src")
     _ordered: bool | None  # None: not known yet (a sub-queue asks its parent)
     _distinct: bool | None
@@ -44,7 +44,7 @@ class Queue(Generic[R]):
             self._ordered, self._distinct = waiting.ordered, waiting.distinct
             # requests with nothing to prefill, counted by the queue (None: not known)
             self.n_empty: int | None = waiting.n_empty
-            self.rem_total: int | None = waiting.remaining_total  # ``rem`` summed (None: not kept)
+            self._wq: WaitingQueue | None = waiting  # (its ``remaining_total``: ``rem_total``)
         else:
             n = len(waiting)
             self.arrival = np.fromiter((r.arrival for r in waiting), np.float64, n)
@@ -54,7 +54,7 @@ class Queue(Generic[R]):
             self.rem = np.fromiter((r.prefill_remaining for r in waiting), np.int64, n)
             self._objs = self._remf = self._pref = self._features = self.due = self.slo_or = self.due_default = None
             self._ordered = self._distinct = False  # not known: not assumed
-            self.n_empty = self.rem_total = None
+            self.n_empty = self._wq = None
         self._src: tuple[Queue[R], np.ndarray] | None = None  # a sub-queue's parent and positions
         # not started: no KV of its own yet (prefix-cache hits count as context, not as started)
         self.fresh = self.pre <= self.cached
@@ -62,6 +62,11 @@ class Queue(Generic[R]):
 
     def __len__(self) -> int:
         return len(self.pre)
+
+    @property
+    def rem_total(self) -> int | None:
+        """``rem`` summed, as the waiting queue keeps it (None: not kept)."""
+        return None if self._wq is None else self._wq.remaining_total
 
     @property
     def remf(self) -> np.ndarray:
@@ -147,10 +152,10 @@ class Queue(Generic[R]):
         out.arrival, out.slo, out.pre = self.arrival[idx], self.slo[idx], self.pre[idx]
         out.cached, out.rem, out.fresh = self.cached[idx], self.rem[idx], self.fresh[idx]
         out.due, out.due_default = None if self.due is None else self.due[idx], self.due_default
-        out.slo_or = None if self.slo_or is None else self.slo_or[idx]
+        out.slo_or = None  # (``slos_read`` fills it in when asked: most sub-queues' policies do not)
         out.n_started = len(idx) - int(np.count_nonzero(out.fresh))
         out.n_empty = None if self.n_empty is None or self.n_empty else 0  # (none in a part of none)
-        out.rem_total = None
+        out._wq = None
         out._remf = out._pref = out._features = out._ordered = out._distinct = None
         out._src = (self, idx)  # features and order properties taken from here when asked
         if self._objs is not None:
