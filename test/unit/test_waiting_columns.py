@@ -262,6 +262,37 @@ def test_list_behaviour_and_refusals() -> None:
     assert len(q) == 0 and q.remaining.size == 0
 
 
+def test_queue_counts_empty_requests_and_tokens_left_as_they_change() -> None:
+    """``n_empty`` and ``remaining_total`` (issue 28: the plan skips its empty-request tests and
+    the sum over the queue on them) follow inserts, removals, refreshes and subsets; ``slo_or``
+    is the SLO with the queue's no-SLO default."""
+    reqs = [SimReq(str(i), float(i), 10 * (i + 1), 4, slo_ttft_s=None if i % 2 else 1.0) for i in range(5)]
+    q = WaitingQueue(no_slo_s=30.0)
+    for r in reqs:
+        q.add(r)
+    assert (q.n_empty, q.remaining_total) == (0, 150)
+    assert q.views().slo_or.tolist() == [1.0, 30.0, 1.0, 30.0, 1.0]
+    reqs[1].kv_len = 20  # all of it prefilled: nothing left
+    q.refresh(reqs[1])
+    assert (q.n_empty, q.remaining_total) == (1, 130)
+    sub = q.subset([1, 3])
+    assert (sub.n_empty, sub.remaining_total) == (1, 40)
+    assert (q.subset([0, 2]).n_empty, Queue(q.subset([0, 2])).rem_total) == (0, 40)
+    q.remove(reqs[1])
+    assert (q.n_empty, q.remaining_total) == (0, 130)
+    empty = SimReq("e", 9.0, 7, 1)
+    empty.kv_len = 7
+    q.add(empty)
+    assert (q.n_empty, q.remaining_total, Queue(q).n_empty) == (1, 130, 1)
+    q.check()
+    q.pop()
+    assert (q.n_empty, q.remaining_total) == (0, 130)
+    q.check()
+    q._empty += 1  # a count gone wrong: check() notices
+    with pytest.raises(RuntimeError):
+        q.check()
+
+
 def test_order_reads_the_stable_order_lazily() -> None:
     """``Order.head`` / ``after`` (top-k reads of the policy's order) give exactly the stable full
     sort: ties in queue order, NaN last, by group first when groups are given."""

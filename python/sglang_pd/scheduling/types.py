@@ -139,9 +139,11 @@ class PrefillBudget:
                 admit(r, n)
                 k += 1
         if k:
-            self.token_budget -= sum(ns[:k])
-            self.new_req_slots -= sum(starting[:k])
-            self.granted.extend(zip(reqs[:k], ns[:k]))
+            if k < len(ns):  # (all admitted, the usual case: no copies)
+                reqs, ns, starting = reqs[:k], ns[:k], starting[:k]
+            self.token_budget -= sum(ns)
+            self.new_req_slots -= starting.count(True) if isinstance(starting, list) else sum(starting)
+            self.granted.extend(zip(reqs, ns))
         return k
 
     def _grant_run_timed(self, reqs: Sequence[SchedReq], ns: list[int]) -> int:

@@ -7,7 +7,7 @@ compares it with one or concatenates it keeps working) and also holds, position 
 numpy columns of the numbers the policies read: arrival, TTFT SLO (NaN when the request has
 none, i.e. ``slo_ttft_s`` is falsy: the policies fill their default), arrival + SLO with the
 no-SLO default filled in when the queue is given it (``due``: a deadline in one subtraction,
-issue 28), prefilled_len,
+issue 28) and the SLO with that default filled in (``slo_or``: kairos reads it as is), prefilled_len,
 cached_len, prefill_remaining, and each request's work features for the configured chunk size
 (``cost_model.work_features``: chunks, r(r + 2H), context summed over the chunks), from which a
 work estimate is four products and three sums. It also counts neighbour pairs with equal and with
@@ -38,9 +38,9 @@ from sglang_pd.scheduling.types import SchedReq
 # float columns, then int columns (one 2-D array each: an insert or removal shifts one block);
 # remaining and prefilled are also kept as floats (exact: whole numbers below 2**53), which the
 # cost model's array arithmetic reads without a cast per operation
-ARRIVAL, SLO, DUE, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(8)
+ARRIVAL, SLO, DUE, SLO_OR, REMAINING_F, PREFILLED_F, CHUNKS, QUAD, CONTEXT_SUM = range(9)
 PREFILLED, CACHED, REMAINING = 0, 1, 2
-_NF = 8
+_NF = 9
 _MIN_CAP = 64
 
 
@@ -50,6 +50,7 @@ class Columns(NamedTuple):
     arrival: np.ndarray
     slo: np.ndarray  # TTFT SLO in seconds, NaN where the request has none
     due: np.ndarray  # arrival + (SLO or the queue's ``no_slo_s``): NaN without ``no_slo_s``
+    slo_or: np.ndarray  # SLO or the queue's ``no_slo_s``: NaN without ``no_slo_s``
     remaining_f: np.ndarray  # ``remaining`` as float64 (exact)
     prefilled_f: np.ndarray  # ``prefilled`` as float64 (exact)
     chunks: np.ndarray  # ``cost_model.work_features`` for chunks of the queue's ``chunk``:
@@ -63,8 +64,9 @@ class Columns(NamedTuple):
 
 def _floats(r: SchedReq, chunk: int | None, no_slo_s: float | None) -> tuple[float, ...]:
     # the deadline policies' ``slos + arrival`` per request (the same IEEE sum: a + b == b + a)
-    due = math.nan if no_slo_s is None else (r.slo_ttft_s or no_slo_s) + r.arrival
-    return (r.arrival, (r.slo_ttft_s or math.nan), due, float(r.prefill_remaining), float(r.prefilled_len),
+    slo_or = math.nan if no_slo_s is None else (r.slo_ttft_s or no_slo_s)
+    return (r.arrival, (r.slo_ttft_s or math.nan), slo_or + r.arrival, slo_or, float(r.prefill_remaining),
+            float(r.prefilled_len),
             *work_features(r.prefill_remaining, r.prefilled_len, chunk))
 
 
@@ -91,8 +93,15 @@ class WaitingQueue(list[Any]):
             self._i[:, k] = _ints(r)
             self._o[k] = r
         self._count_pairs()
+        self._count_rem()
 
     # ------------------------------------------------------------------ arrival order
+    def _count_rem(self) -> None:
+        """Count the requests with nothing left to prefill and the tokens left (from scratch)."""
+        rem = self._i[REMAINING, : len(self)]
+        self._empty = int(np.count_nonzero(rem <= 0))
+        self._rem_total: int | None = int(rem.sum())
+
     def _count_pairs(self) -> None:
         """Count the neighbours with equal arrivals and those out of order (from scratch)."""
         a = self._f[ARRIVAL, : len(self)]
@@ -106,6 +115,20 @@ class WaitingQueue(list[Any]):
             self._ties += sign
         elif x > y:
             self._inversions += sign
+
+    @property
+    def n_empty(self) -> int:
+        """Requests with nothing left to prefill (``prefill_remaining <= 0``): rare, and while
+        there are none a decision skips the tests for them (issue 28)."""
+        return self._empty
+
+    @property
+    def remaining_total(self) -> int:
+        """``prefill_remaining`` summed over the queue (the plan's first block is sized by it);
+        a subset sums it when first asked."""
+        if self._rem_total is None:
+            self._rem_total = int(self._i[REMAINING, : len(self)].sum())
+        return self._rem_total
 
     @property
     def ordered(self) -> bool:
@@ -126,7 +149,7 @@ class WaitingQueue(list[Any]):
         v = self._views
         if v is None or len(v.arrival) != n or v.arrival.base is not f:
             i = self._i
-            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[DUE, :n], f[REMAINING_F, :n],
+            v = self._views = Columns(f[ARRIVAL, :n], f[SLO, :n], f[DUE, :n], f[SLO_OR, :n], f[REMAINING_F, :n],
                                       f[PREFILLED_F, :n], f[CHUNKS, :n], f[QUAD, :n], f[CONTEXT_SUM, :n], i[PREFILLED, :n],
                                       i[CACHED, :n], i[REMAINING, :n], self._o[:n])
         return v
@@ -185,6 +208,9 @@ class WaitingQueue(list[Any]):
         self._f[:, k] = _floats(req, self.chunk, self.no_slo_s)
         self._i[:, k] = _ints(req)
         self._o[k] = req
+        self._empty += req.prefill_remaining <= 0
+        if self._rem_total is not None:
+            self._rem_total += req.prefill_remaining
         list.insert(self, k, req)
         if k > 0:
             self._pair(k - 1, k, 1)
@@ -219,6 +245,9 @@ class WaitingQueue(list[Any]):
             self._pair(k - 1, k, -1)
         if k < n - 1:
             self._pair(k, k + 1, -1)
+        self._empty -= bool(self._i[REMAINING, k] <= 0)
+        if self._rem_total is not None:
+            self._rem_total -= int(self._i[REMAINING, k])
         self._f[:, k: n - 1] = self._f[:, k + 1: n]
         self._i[:, k: n - 1] = self._i[:, k + 1: n]
         self._o[k: n - 1] = self._o[k + 1: n]
@@ -239,7 +268,7 @@ class WaitingQueue(list[Any]):
     def clear(self) -> None:
         self._o[: len(self)] = None
         list.clear(self)
-        self._ties = self._inversions = 0
+        self._ties = self._inversions = self._empty = self._rem_total = 0
 
     def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
         raise TypeError("WaitingQueue keeps arrival order: use add/insert/remove")
@@ -257,6 +286,9 @@ class WaitingQueue(list[Any]):
         """Re-read ``req``'s lengths after they changed (a chunk extended, pages released).
         Arrival and SLO are fixed while a request waits."""
         k = self.position(req)
+        self._empty += (req.prefill_remaining <= 0) - bool(self._i[REMAINING, k] <= 0)
+        if self._rem_total is not None:
+            self._rem_total += req.prefill_remaining - int(self._i[REMAINING, k])
         self._i[:, k] = _ints(req)
         self._f[REMAINING_F:, k] = _floats(req, self.chunk, self.no_slo_s)[REMAINING_F:]
 
@@ -278,6 +310,10 @@ class WaitingQueue(list[Any]):
         out._i[:, :m] = self._i[:, idx]
         out._o[:m] = self._o[idx]
         out._count_pairs()
+        # (a snapshot for one decision: no empty ones in a part of a queue without any; the
+        # total summed only if asked)
+        out._empty = 0 if not self._empty else int(np.count_nonzero(out._i[REMAINING, :m] <= 0))
+        out._rem_total = None
         return out
 
     def check(self) -> None:
@@ -289,11 +325,16 @@ class WaitingQueue(list[Any]):
                     or tuple(self._f[REMAINING_F:, k].tolist()) != f[REMAINING_F:]
                     or not (self._f[SLO, k] == f[1] or (math.isnan(f[1]) and math.isnan(self._f[SLO, k])))
                     or not (self._f[DUE, k] == f[2] or (math.isnan(f[2]) and math.isnan(self._f[DUE, k])))
+                    or not (self._f[SLO_OR, k] == f[3] or (math.isnan(f[3]) and math.isnan(self._f[SLO_OR, k])))
                     or tuple(self._i[:, k].tolist()) != _ints(r)):
                 raise RuntimeError(f"waiting queue column {k} is stale for {getattr(r, 'rid', r)!r}: "
                                    f"{self._f[:, k].tolist()}, {self._i[:, k].tolist()} vs {f}, {_ints(r)}")
-        ties, inversions = self._ties, self._inversions
+        ties, inversions, empty, total = self._ties, self._inversions, self._empty, self.remaining_total
         self._count_pairs()
+        self._count_rem()
+        if (empty, total) != (self._empty, self._rem_total):
+            raise RuntimeError(f"waiting queue counted {empty} requests with nothing to prefill and {total} "
+                               f"tokens to prefill, not {self._empty} and {self._rem_total}")
         if (ties, inversions) != (self._ties, self._inversions):
             raise RuntimeError(f"waiting queue counted {ties} equal and {inversions} unordered arrival "
                                f"neighbours, not {self._ties} and {self._inversions}")

@@ -87,6 +87,16 @@ class DeadlinePolicy(PrefillPolicy):
         d -= self.margin_s
         return d
 
+    def deadlines_minus(self, q: Queue[R], x: np.ndarray | float) -> np.ndarray:
+        """``deadlines(q) - x``, a new array: without a margin one subtraction from the queue's
+        ``due`` (due - 0.0 is due exactly), not two (lrs, lars: issue 28)."""
+        if not self.margin_s and q.due is not None and q.due_default == self.no_slo_s:
+            out: np.ndarray = q.due - x
+            return out
+        d = self.deadlines(q)
+        d -= x
+        return d
+
     def work_s(self, req: R) -> float:
         """Seconds of prefill still to do (alone, chunk by chunk)."""
         return self.model.request_s(req.prefill_remaining, req.prefilled_len, self.chunk)
@@ -136,7 +146,7 @@ def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float, disti
     fin = works if scratch and works.dtype == np.float64 else works.astype(np.float64)
     if n:
         fin[0] += now
-        fin.cumsum(out=fin)
+        fin = np.add.accumulate(fin)  # (a new array: faster than in place, which numpy buffers)
     if n > 1 and not distinct:
         eq = arrivals[1:] == arrivals[:-1]
         if eq.any():  # some equal neighbours

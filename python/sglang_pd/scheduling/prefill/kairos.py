@@ -94,11 +94,11 @@ class KairosPrefillPolicy(DeadlinePolicy):
         -(x / y) = (-x) / y exactly in floating point, so it is the negation of ``urgency``."""
         inv_mu = 1.0 / self.mu.tps
         fin = fcfs_finish_array(q.arrival, q.remf * inv_mu, now, q.distinct, scratch=True)  # (a new array)
-        slos = q.slos(self.no_slo_s)
+        slos = q.slos_read(self.no_slo_s)  # (read only)
         fin -= q.arrival
-        fin -= slos - self.margin_s
+        fin -= slos - self.margin_s if self.margin_s else slos  # (x - 0.0 == x: no copy)
         fin /= slos
-        fin /= np.maximum(q.remf, 1.0)
+        fin /= q.remf if q.n_empty == 0 else np.maximum(q.remf, 1.0)  # (all >= 1 without empty ones)
         return fin
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:

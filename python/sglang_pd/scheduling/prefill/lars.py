@@ -37,8 +37,7 @@ class LarsPrefillPolicy(DeadlinePolicy):
 
     def rhos(self, q: Queue[R], now: float) -> np.ndarray:
         works = self.works(q)
-        rho = self.deadlines(q)
-        rho -= now
+        rho = self.deadlines_minus(q, now)
         rho -= works
         if not q.n_started:  # all fresh: total work = remaining work (no KV in the pool yet)
             rho /= np.maximum(works, 1e-9)

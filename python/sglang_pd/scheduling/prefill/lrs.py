@@ -24,6 +24,5 @@ class LrsPrefillPolicy(DeadlinePolicy):
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
         q = Queue(waiting)
-        key = self.deadlines(q)
-        key -= self.works(q)  # slack + now
+        key = self.deadlines_minus(q, self.works(q))  # slack + now
         return self.walk(q, stable_order(key), budget, now=now)

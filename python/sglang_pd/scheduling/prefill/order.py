@@ -26,7 +26,7 @@ class Order:
     ``first_of`` to pick the first of. A NaN at the k-th key, or k at least n / 2, sorts the
     whole queue. ``Order.of(perm)`` wraps an order computed elsewhere."""
 
-    __slots__ = ("key", "group", "n", "_head", "_full", "_radix", "_refine", "_refine_from")
+    __slots__ = ("key", "group", "n", "_head", "_full", "_radix", "_lo", "_refine", "_refine_from")
 
     def __init__(self, key: np.ndarray, group: np.ndarray | None = None,
                  refine: Callable[[], None] | None = None, refine_from: int = 0) -> None:
@@ -34,6 +34,7 @@ class Order:
         self._head: np.ndarray | None = None
         self._full: np.ndarray | None = None
         self._radix: bool | None = None
+        self._lo = 0  # what the radix sort subtracts from the keys (``_radix_sorts``)
         # groups >= refine_from are provisional: ``refine()`` rewrites their groups and keys in
         # place (still >= refine_from), called only once the order is read past the groups below
         self._refine, self._refine_from = refine, refine_from
@@ -52,6 +53,7 @@ class Order:
         o.n = len(perm)
         o._head = o._full = perm
         o._radix = False
+        o._lo = 0
         return o
 
     def _radix_sorts(self) -> bool:
@@ -59,8 +61,13 @@ class Order:
         radix sort (``stable_argsort``) costs about what a partial read does."""
         if self._radix is None:
             key = self.key
-            self._radix = self.group is None and key.dtype.kind in "iu" and self.n > RADIX_MIN and \
-                int(key.max()) - int(key.min()) < RADIX_SPAN
+            self._radix = False
+            if self.group is None and key.dtype.kind in "iu" and self.n > RADIX_MIN:
+                lo, hi = int(key.min()), int(key.max())
+                if hi - lo < RADIX_SPAN:
+                    self._radix = True
+                    # keys already in uint16's range are cast as they are (the same order)
+                    self._lo = 0 if lo >= 0 and hi < RADIX_SPAN else lo
         return self._radix
 
     def _sorted(self, idx: np.ndarray) -> np.ndarray:
@@ -74,7 +81,11 @@ class Order:
         self._refined()
         if self._full is None:
             if self.group is None:
-                self._full = stable_argsort(self.key)
+                if self._radix_sorts():  # (its min and max, read once: ``stable_argsort``'s test)
+                    key, lo = self.key, self._lo
+                    self._full = np.argsort((key - lo if lo else key).astype(np.uint16), kind="stable")
+                else:
+                    self._full = np.argsort(self.key, kind="stable")
             else:  # by key, then a stable sort by group keeps each group in key order
                 by_key = stable_argsort(self.key)
                 self._full = by_key[np.argsort(self.group[by_key].astype(np.int8), kind="stable")]

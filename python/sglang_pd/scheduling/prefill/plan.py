@@ -43,6 +43,7 @@ FILTER_MIN = 128  # the tail scans a sorted part this long after an array filter
 MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the budget)
 PASS_MAX = 384  # a first block up to this long, holding more than PASS_BUDGETS budgets of
 PASS_BUDGETS = 2  # tokens, is walked in one Python pass (``_pass``)
+KNOWN_MIN = 32  # the tail scans the sorted part alone first when at least this long
 
 _NO_POS = np.empty(0, dtype=np.intp)
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -66,14 +67,28 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
     ns: list[np.ndarray] = []
     tail: tuple[int, int, int] | None = None  # where the tail starts: position, tokens, slots
     # first block: enough requests of the queue's mean size to spend the budget 5 times over
-    read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(int(rem_all.sum()), 1) + 1)
+    total = q.rem_total  # (kept by the waiting queue)
+    if total is None:
+        total = int(rem_all.sum())
+    read, size = 0, max(MIN_BLOCK, 5 * tokens * n // max(total, 1) + 1)
     seg = order.head(size)
     r = rem_all[seg]
     # a first block of a few hundred that holds several budgets (so the walk passes over more
     # requests than it grants: skipped ones, the tail) in one Python pass, whose steps cost
     # less than the array rules' calls there (issue 28); one that mostly goes whole by arrays
     c0 = np.minimum(r, chunk)  # (the array rules' first block reuses both)
-    if len(seg) <= PASS_MAX and int(c0.sum()) > PASS_BUDGETS * tokens:
+    held = int(c0.sum())
+    if held < tokens and len(seg) < n:
+        # the block holds less than one budget, so a second one will be read: read it now with
+        # the first (the size the loop would give it), one pass of the array rules instead of
+        # two (sjf: its shortest 167 all go, then 353 more were read; issue 28)
+        m = len(seg)
+        seg = order.head(m + 2 * (tokens - held) * m // max(held, 1) + MIN_BLOCK)
+        size = len(seg)  # (the loop's first block: the same positions)
+        r = rem_all[seg]
+        c0 = np.minimum(r, chunk)
+        held = int(c0.sum())
+    if len(seg) <= PASS_MAX and held > PASS_BUDGETS * tokens:
         read = m = len(seg)
         got: list[int] = []
         got_n: list[int] = []
@@ -101,18 +116,26 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         ok = None  # which ones the partial and slot rules let go (None: all)
         big = f & (r > chunk)  # fresh ones a chunk cuts: each one more partly prefilled
         n_big = int(np.count_nonzero(big))
+        cuts = False  # whether the rules let some of ``big`` go (else none is counted below)
         if n_big:
             quota = max_partial - partial
-            ok = ~big if quota <= 0 else ~big | (big.cumsum() <= quota)
-        if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
-            goes = f if ok is None else f & ok
-            has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
-            ok = has_slot if ok is None else ok & has_slot
+            cuts = quota > 0
+            ok = ~big | (big.cumsum() <= quota) if cuts else ~big
         if ok is not None:
             c = np.where(ok, c, 0)
         cum = c.cumsum()
         end = int(cum.searchsorted(tokens))  # the request that reaches the budget
-        if r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
+        if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
+            goes = f if ok is None else f & ok
+            # only if they run out at or before ``end`` does the slot rule change what goes
+            # before it, and ``end`` (sjf: 256 slots, the budget spent by the 249th)
+            if int(np.count_nonzero(goes[: end + 1])) > slots:
+                has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
+                ok = has_slot if ok is None else ok & has_slot
+                c = np.where(ok, c, 0)
+                cum = c.cumsum()
+                end = int(cum.searchsorted(tokens))
+        if q.n_empty != 0 and r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
             zero = r <= 0 if ok is None else (r <= 0) & ok
             z = int(zero.argmax())
             if zero[z] and z < end:
@@ -126,7 +149,8 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
                 partial += n_big
             else:
                 slots -= int(np.count_nonzero(f & ok))
-                partial += int(np.count_nonzero(big & ok))
+                if cuts:
+                    partial += int(np.count_nonzero(big & ok))
             if slots <= 0 and read < n:  # only started requests may go from here on
                 tail = (read, tokens, slots)
                 break
@@ -138,7 +162,7 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
             break
         _emit(pos, ns, seg, c, ok, end)
         left = tokens - (int(cum[end - 1]) if end else 0)
-        if f[end]:
+        if cuts and f[end]:  # (else none of ``big`` went: ok is None only without any)
             before = big[:end] if ok is None else big[:end] & ok[:end]
             partial += int(np.count_nonzero(before))
         if not f[end] or partial < max_partial:  # it takes what is left: the step is full
@@ -240,18 +264,20 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     if slots <= 0 and not started:
         return
     # first the part of the order already sorted (``Order.known``: the block the walk read,
-    # where the tail mostly ends): one scan, no pass over the whole queue
+    # where the tail mostly ends): one scan, no pass over the whole queue; a short one (kairos:
+    # ~20 left of its first block) is left to the candidates below, which hold it too, so the
+    # tail is one sort and one scan, not two scans (issue 28)
     seg = order.known(p)
-    if len(seg):
+    if len(seg) >= KNOWN_MIN:
         done, tokens, slots = _scan(seg, rem_all, fresh_all, tokens, slots, chunk, started, got, got_n)
         if done:
             _add(pos, ns, got, got_n)
             return
         p += len(seg)
-    # the length that must fit the tokens left: 0 for a started one (it always goes)
-    fit = np.where(fresh_all, q.remf, 0.0) if started else q.remf
-    if slots > 0:
-        allowed = fit <= min(tokens, chunk)
+    if slots > 0:  # a fresh one within the tokens left (and the chunk), a started one always
+        allowed = q.rem <= min(tokens, chunk)
+        if started:
+            allowed |= ~fresh_all
     else:
         allowed = ~fresh_all
     idx, key, group = order.rest(p, allowed)
@@ -269,6 +295,8 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
     # position, group; ungrouped, built only once the tail grants a second one (it often
     # ends with the first: that one is read from ``key`` alone)
     t: np.ndarray | None = None
+    # the length that must fit the tokens left: 0 for a started one (it always goes)
+    fit = np.where(fresh_all, q.remf, 0.0) if started else q.remf
     if group is not None:  # by group (stable: queue order within one): the first group leads
         t = _table(key, fit, idx, group)
     while True:

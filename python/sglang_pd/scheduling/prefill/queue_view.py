@@ -22,7 +22,7 @@ class Queue(Generic[R]):
     policy's own subset) they are read from the requests here, once. Every policy then runs the
     same array code on either, so both give the same decision."""
 
-    __slots__ = ("reqs", "arrival", "slo", "due", "due_default", "pre", "cached", "rem", "fresh", "n_started", "_objs",
+    __slots__ = ("reqs", "arrival", "slo", "due", "slo_or", "due_default", "pre", "cached", "rem", "fresh", "n_started", "n_empty", "_wq", "_objs",
                  "_remf", "_pref", "_features", "_ordered", "_distinct", "_src")
     _ordered: bool | None  # None: not known yet (a sub-queue asks its parent)
     _distinct: bool | None
@@ -34,6 +34,7 @@ class Queue(Generic[R]):
             self.arrival, self.slo, self.pre, self.cached, self.rem = c.arrival, c.slo, c.prefilled, c.cached, c.remaining
             # arrival + (SLO or due_default), kept by the queue (None: not kept)
             self.due: np.ndarray | None = c.due if waiting.no_slo_s is not None else None
+            self.slo_or: np.ndarray | None = c.slo_or if waiting.no_slo_s is not None else None  # SLO or due_default
             self.due_default: float | None = waiting.no_slo_s
             self._objs: np.ndarray | None = c.objects
             self._remf: np.ndarray | None = c.remaining_f
@@ -41,6 +42,9 @@ class Queue(Generic[R]):
             self._features: tuple[int | None, tuple[np.ndarray, ...]] | None = (waiting.chunk, (c.chunks, c.quad, c.context_sum))
             # arrivals ascending / and all different (the queue counts its neighbour pairs)
             self._ordered, self._distinct = waiting.ordered, waiting.distinct
+            # requests with nothing to prefill, counted by the queue (None: not known)
+            self.n_empty: int | None = waiting.n_empty
+            self._wq: WaitingQueue | None = waiting  # (its ``remaining_total``: ``rem_total``)
         else:
             n = len(waiting)
             self.arrival = np.fromiter((r.arrival for r in waiting), np.float64, n)
@@ -48,8 +52,9 @@ class Queue(Generic[R]):
             self.pre = np.fromiter((r.prefilled_len for r in waiting), np.int64, n)
             self.cached = np.fromiter((r.cached_len for r in waiting), np.int64, n)
             self.rem = np.fromiter((r.prefill_remaining for r in waiting), np.int64, n)
-            self._objs = self._remf = self._pref = self._features = self.due = self.due_default = None
+            self._objs = self._remf = self._pref = self._features = self.due = self.slo_or = self.due_default = None
             self._ordered = self._distinct = False  # not known: not assumed
+            self.n_empty = self._wq = None
         self._src: tuple[Queue[R], np.ndarray] | None = None  # a sub-queue's parent and positions
         # not started: no KV of its own yet (prefix-cache hits count as context, not as started)
         self.fresh = self.pre <= self.cached
@@ -57,6 +62,11 @@ class Queue(Generic[R]):
 
     def __len__(self) -> int:
         return len(self.pre)
+
+    @property
+    def rem_total(self) -> int | None:
+        """``rem`` summed, as the waiting queue keeps it (None: not kept)."""
+        return None if self._wq is None else self._wq.remaining_total
 
     @property
     def remf(self) -> np.ndarray:
@@ -142,7 +152,10 @@ class Queue(Generic[R]):
         out.arrival, out.slo, out.pre = self.arrival[idx], self.slo[idx], self.pre[idx]
         out.cached, out.rem, out.fresh = self.cached[idx], self.rem[idx], self.fresh[idx]
         out.due, out.due_default = None if self.due is None else self.due[idx], self.due_default
+        out.slo_or = None  # (``slos_read`` fills it in when asked: most sub-queues' policies do not)
         out.n_started = len(idx) - int(np.count_nonzero(out.fresh))
+        out.n_empty = None if self.n_empty is None or self.n_empty else 0  # (none in a part of none)
+        out._wq = None
         out._remf = out._pref = out._features = out._ordered = out._distinct = None
         out._src = (self, idx)  # features and order properties taken from here when asked
         if self._objs is not None:
@@ -169,5 +182,12 @@ class Queue(Generic[R]):
         return list(itemgetter(*idx)(self.reqs))
 
     def slos(self, default: float) -> np.ndarray:
-        """``slo_ttft_s or default`` of every request."""
+        """``slo_ttft_s or default`` of every request (a new array)."""
         return np.where(np.isnan(self.slo), default, self.slo)
+
+    def slos_read(self, default: float) -> np.ndarray:
+        """``slos(default)`` to read only: the waiting queue's own column when it keeps one for
+        this default (two array calls fewer per decision), else a new array."""
+        if self.slo_or is not None and self.due_default == default:
+            return self.slo_or
+        return self.slos(default)
