@@ -46,10 +46,12 @@ PASS_BUDGETS = 2  # tokens, is walked in one Python pass (``_pass``)
 KNOWN_MIN = 32  # the tail scans the sorted part alone first when at least this long
 
 _NO_POS = np.empty(0, dtype=np.intp)
+_acc = np.add.accumulate  # ``cumsum`` without the method's overhead (the same sums)
 _NO_TOKENS = np.empty(0, dtype=np.int64)
 
 # a policy's own limit on the plan: given its positions and tokens, how many of them to keep
 Cut = Callable[[np.ndarray, np.ndarray], int]
+Piece = np.ndarray | list[int]  # a piece of the plan: a block's, or a Python walk's (as lists)
 
 
 def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
@@ -63,8 +65,8 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         return _NO_POS, _NO_TOKENS  # every request would get 0 tokens: the walk ends at once
     rem_all, fresh_all = q.rem, q.fresh
     partial = q.n_started
-    pos: list[np.ndarray] = []  # pieces of the plan, in order
-    ns: list[np.ndarray] = []
+    pos: list[Piece] = []  # pieces of the plan, in order
+    ns: list[Piece] = []
     tail: tuple[int, int, int] | None = None  # where the tail starts: position, tokens, slots
     # first block: enough requests of the queue's mean size to spend the budget 5 times over
     total = q.rem_total  # (kept by the waiting queue)
@@ -76,8 +78,9 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
     # a first block of a few hundred that holds several budgets (so the walk passes over more
     # requests than it grants: skipped ones, the tail) in one Python pass, whose steps cost
     # less than the array rules' calls there (issue 28); one that mostly goes whole by arrays
-    c0 = np.minimum(r, chunk)  # (the array rules' first block reuses both)
-    held = int(c0.sum())
+    c0 = np.minimum(r, chunk)  # (the array rules' first block reuses both, and the sums)
+    cum0 = _acc(c0)  # (``np.add.accumulate``: ``cumsum``'s sums, less call overhead)
+    held = int(cum0[-1])
     if held < tokens and len(seg) < n:
         # the block holds less than one budget, so a second one will be read: read it now with
         # the first (the size the loop would give it), one pass of the array rules instead of
@@ -87,7 +90,8 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         size = len(seg)  # (the loop's first block: the same positions)
         r = rem_all[seg]
         c0 = np.minimum(r, chunk)
-        held = int(c0.sum())
+        cum0 = _acc(c0)
+        held = int(cum0[-1])
     if len(seg) <= PASS_MAX and held > PASS_BUDGETS * tokens:
         read = m = len(seg)
         got: list[int] = []
@@ -109,9 +113,10 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         f = fresh_all[seg]
         if base:
             r = rem_all[seg]
-            c = np.minimum(r, chunk)
+            c = np.minimum(r, chunk)  # (a new array: the rules below zero what may not go in place)
+            cum = None
         else:  # the first block, read above: ``order.head`` gave the same positions
-            c = c0
+            c, cum = c0, cum0
         m = len(seg)
         ok = None  # which ones the partial and slot rules let go (None: all)
         big = f & (r > chunk)  # fresh ones a chunk cuts: each one more partly prefilled
@@ -120,20 +125,25 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         if n_big:
             quota = max_partial - partial
             cuts = quota > 0
-            ok = ~big | (big.cumsum() <= quota) if cuts else ~big
-        if ok is not None:
-            c = np.where(ok, c, 0)
-        cum = c.cumsum()
+            if cuts:
+                ok = ~big | (_acc(big, dtype=np.intp) <= quota)
+                c[~ok] = 0
+            else:
+                ok = ~big
+                c[big] = 0
+            cum = None
+        if cum is None:
+            cum = _acc(c)
         end = int(cum.searchsorted(tokens))  # the request that reaches the budget
         if slots < m:  # slots may run out in this block: the first ``slots`` fresh ones that go
             goes = f if ok is None else f & ok
             # only if they run out at or before ``end`` does the slot rule change what goes
             # before it, and ``end`` (sjf: 256 slots, the budget spent by the 249th)
             if int(np.count_nonzero(goes[: end + 1])) > slots:
-                has_slot = ~f if slots <= 0 else ~f | (goes.cumsum() <= slots)
+                has_slot = ~f if slots <= 0 else ~f | (_acc(goes, dtype=np.intp) <= slots)
                 ok = has_slot if ok is None else ok & has_slot
-                c = np.where(ok, c, 0)
-                cum = c.cumsum()
+                c[~ok] = 0
+                cum = _acc(c)
                 end = int(cum.searchsorted(tokens))
         if q.n_empty != 0 and r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
             zero = r <= 0 if ok is None else (r <= 0) & ok
@@ -224,13 +234,17 @@ def _pass(seg: np.ndarray, rem: np.ndarray, fresh_all: np.ndarray, tokens: int, 
     return False, tokens, slots, partial
 
 
-def _joined(pos: list[np.ndarray], ns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _joined(pos: list[Piece], ns: list[Piece]) -> tuple[np.ndarray, np.ndarray]:
+    """The plan's pieces as two arrays (the tail's piece, last, may be lists: ``_add``)."""
     if len(pos) == 1:
-        return pos[0], ns[0]
-    return np.concatenate(pos), np.concatenate(ns)
+        p, t = pos[0], ns[0]
+        if isinstance(p, list):
+            return np.array(p, dtype=np.intp), np.array(t, dtype=np.int64)
+        return p, t  # type: ignore[return-value]  # (arrays: only the tail's piece is lists)
+    return np.concatenate(pos, dtype=np.intp), np.concatenate(ns, dtype=np.int64)
 
 
-def _emit(pos: list[np.ndarray], ns: list[np.ndarray], seg: np.ndarray, c: np.ndarray,
+def _emit(pos: list[Piece], ns: list[Piece], seg: np.ndarray, c: np.ndarray,
           ok: np.ndarray | None, k: int) -> None:
     """Add the first ``k`` of a block (those the rules let go) to the plan, whole (``c``)."""
     if k:
@@ -244,7 +258,7 @@ def _emit(pos: list[np.ndarray], ns: list[np.ndarray], seg: np.ndarray, c: np.nd
 
 
 def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int,
-          pos: list[np.ndarray], ns: list[np.ndarray]) -> None:
+          pos: list[Piece], ns: list[Piece]) -> None:
     """The walk past position ``p`` of the order once fresh requests go only whole within the
     tokens left (the partial bound is reached and fewer than a chunk is left) or not at all
     (no slot left). Then a request goes iff it is started or a fresh one within the tokens
@@ -366,8 +380,10 @@ def _table(key: np.ndarray, fit: np.ndarray, idx: np.ndarray, group: np.ndarray 
     return t
 
 
-def _add(pos: list[np.ndarray], ns: list[np.ndarray], got: list[int], got_n: list[int]) -> None:
-    """Add the tail's grants to the plan."""
+def _add(pos: list[Piece], ns: list[Piece], got: list[int],
+         got_n: list[int]) -> None:
+    """Add the tail's grants to the plan, as lists: ``_joined`` converts them with the rest
+    (one ``concatenate`` each, not an array and a ``concatenate``: issue 28)."""
     if got:
-        pos.append(np.array(got, dtype=np.intp))
-        ns.append(np.array(got_n, dtype=np.int64))
+        pos.append(got)
+        ns.append(got_n)
