@@ -299,6 +299,18 @@ def _tail(q: Queue[R], order: Order, p: int, tokens: int, slots: int, chunk: int
         _add(pos, ns, got, got_n)
         return
     if len(idx) <= SCAN_MAX:  # few: sorted (stably, as the order) and scanned as the known part
+        # unless the first of them (one ``argmin``) ends the walk, as it often does (kairos: a
+        # started one takes the tokens left; issue 28: no sort, no scan)
+        j = first_of(key, group)
+        i = int(idx[j])
+        x = int(rem_all[i])
+        n = min(x, chunk, tokens)
+        if x <= 0 or n >= tokens or (not started and slots <= 1 and fresh_all[i]):
+            if x > 0:  # (nothing to prefill: the walk ends at its turn, nothing granted)
+                got.append(i)
+                got_n.append(n)
+            _add(pos, ns, got, got_n)
+            return
         by = np.argsort(key, kind="stable")
         if group is not None:
             by = by[np.argsort(group[by], kind="stable")]
