@@ -207,30 +207,34 @@ def _pass(seg: np.ndarray, rem: np.ndarray, fresh_all: np.ndarray, tokens: int, 
     the walk ended here (the tokens spent, a request with nothing to prefill reached, or only
     fresh requests left with no slot), and the tokens, slots and partial count left.
     ``rem``: their tokens to prefill; ``started_left``: the started requests not yet passed."""
+    lim = chunk if chunk < tokens else tokens  # the most one request may take now
+    add, add_n = got.append, got_n.append
     for i, x, f in zip(seg.tolist(), rem.tolist(), fresh_all[seg].tolist()):
         if f:
             if slots <= 0:
                 if started_left <= 0:
                     return True, tokens, slots, partial  # no slot, and nothing started is left
                 continue
-            if x > tokens or x > chunk:  # cut: one more partly prefilled request
+            if x > lim:  # cut: one more partly prefilled request
                 if partial >= max_partial:
                     continue
                 partial += 1
-                c = chunk if chunk < tokens else tokens
+                c = lim
             else:
                 c = x
             slots -= 1
         else:
             started_left -= 1
-            c = x if x <= chunk and x <= tokens else min(x, chunk, tokens)
+            c = x if x <= lim else lim
         if c <= 0:
             return True, tokens, slots, partial  # nothing to prefill: the walk ends at its turn
-        got.append(i)
-        got_n.append(c)
+        add(i)
+        add_n(c)
         tokens -= c
         if tokens <= 0:
             return True, tokens, slots, partial
+        if tokens < lim:
+            lim = tokens
     return False, tokens, slots, partial
 
 
