@@ -20,7 +20,8 @@ class PageAdmission:
     """KVAdmission over the page allocator: grants allocate immediately. A fresh prefill (no
     pages yet) is admitted only when its whole prompt fits beside ``reserve``, the pages the
     started prefills still need (progress rule 1, core/progress.py); ``refused`` records
-    that some grant was refused this step (rule 2). With a prefix cache (``hits``) a fresh
+    that some grant was refused this step (rule 2), ``refused_fresh`` which fresh requests were
+    (rule 2b's guard). With a prefix cache (``hits``) a fresh
     request's hit (its ``kv_len``) is locked and becomes its first pages; only the rest is
     allocated, and the hit's evictable pages do not count as free for it (core/prefix_hits.py)."""
 
@@ -34,6 +35,7 @@ class PageAdmission:
         self.whole_prompt = whole_prompt
         self.reserve = reserve_pages
         self.refused = False
+        self.refused_fresh: list[SchedulerReq] = []  # fresh requests refused this step, in order
         self.hits = hits
         self._claim: tuple[object, Match | None] | None = None  # can_admit's match, for admit
 
@@ -72,9 +74,15 @@ class PageAdmission:
 
     def can_admit(self, req: SchedulerReq, new_tokens: int) -> bool:
         c = self._check(req, new_tokens)
-        self.refused |= c is None
+        if c is None:
+            self._refuse(req)
         self._claim = (req, c[1]) if c is not None else None
         return c is not None
+
+    def _refuse(self, req: SchedulerReq) -> None:
+        self.refused = True
+        if not req.pages:
+            self.refused_fresh.append(req)
 
     def admit(self, req: SchedulerReq, new_tokens: int) -> None:
         m = self._claim[1] if self._claim is not None and self._claim[0] is req else None
@@ -91,7 +99,7 @@ class PageAdmission:
         for k, (req, n) in enumerate(zip(reqs, new_tokens)):
             c = self._check(req, n)
             if c is None:
-                self.refused = True
+                self._refuse(req)
                 return k
             self._take(req, *c)
         return len(reqs)
@@ -105,7 +113,7 @@ class PageAdmission:
             free = alloc.num_free - self.headroom
             fresh = not req.pages
             if not (need <= free if not fresh or whole else -(-req.prefill_target // ps) + self.reserve <= free):
-                self.refused = True
+                self._refuse(req)
                 return k
             req.pages.extend(alloc.alloc(need))
             if not whole:

@@ -17,6 +17,17 @@ restarted for ever (12,313 partial prefills thrown away in 200 s of virtual time
    short, or it is empty without a hold (a batch that could not be granted, e.g. dual queues
    with no free request slot), the started prefills it left out continue in arrival order
    within the step's token budget, each asking the pool for its own pages.
+2b. Bounded backfill. If the refusal was of a fresh request (one rule 1 kept out), fresh
+   requests the plan left out then go on too, oldest first, within the budget and request slots
+   left, each asking the pool under rule 1 (a refusal skips only it): a short prompt ranked
+   behind a long one that does not fit yet need not wait for it (issue 28's Medha head-of-line
+   wait). Only while every refused fresh request is within its TTFT target (its SLO, else the
+   no-SLO far target, ``scheduling/slo.py``): once one is overdue nothing fresh goes past it, the
+   pages freed go to it as before, so its wait is bounded by about its target plus the time the
+   requests running then take to free its pages (and the policy still ranking it first). Not
+   when the policy holds (``budget.hold_until``: it chose to wait) nor with a policy that serves
+   roles (the dual queues: each step is all-short or all-long, which a backfill could break).
+   PD prefill servers (whole-prompt pages) follow the same rule.
 3. Bounded, ranked preemption. Only when decodes grew into the reserve (pages are short and
    nothing can run) is a partial prefill thrown away: the one the policy ranked last (its most
    recent plan: partials it granted rank above those it left out, newest last), and no request

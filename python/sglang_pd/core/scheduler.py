@@ -27,9 +27,10 @@ from collections.abc import Sequence
 
 from sglang_pd.core.page_admission import PageAdmission
 from sglang_pd.core.pool_pressure import PoolPressure
-from sglang_pd.core.progress import reserved_pages
+from sglang_pd.core.progress import pages_for, reserved_pages
 from sglang_pd.core.scheduled_step import ScheduledStep, SchedulerReq
 from sglang_pd.core.step import ForwardMode, ReqState, StepProfile, StepShape
+from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import PrefillBudget
 
 MIN_HOLD_S = 1e-4  # a policy's hold that is already due still waits this long
@@ -78,6 +79,8 @@ class Scheduler(PoolPressure):
                 self.last_rank = {r: i for i, (r, _) in enumerate(plan)}
             if started and (kv.refused or (not plan and budget.hold_deadline is None)):
                 plan += self._continue_started(started, plan, budget)
+            if kv.refused_fresh and budget.hold_deadline is None and self._may_backfill(kv.refused_fresh, now):
+                plan += self._backfill_fresh(plan, budget, kv)
             if not plan and budget.hold_deadline is not None and budget.hold_deadline > now - MIN_HOLD_S:
                 # a hold never aborts: one due now (AWD's own dispatch moment, float-equal to
                 # ``now``) is a short hold, not "stuck" (found by the property tests)
@@ -111,6 +114,37 @@ class Scheduler(PoolPressure):
                 n = budget.grant(r)
                 if n:
                     more.append((r, n))
+        return more
+
+    def _may_backfill(self, refused: list[SchedulerReq], now: float) -> bool:
+        """Rule 2b's guard: no refused fresh request is past its TTFT target (its SLO, else the
+        no-SLO far target, scheduling/slo.py), and the policy has no class filter (the dual
+        queues' steps are all-short or all-long: a backfill could break that)."""
+        if self.prefill_policy.serves_roles:
+            return False
+        far = no_slo_ttft_s(self.cfg)
+        return all(now - r.arrival <= (r.slo_ttft_s or far) for r in refused)
+
+    def _backfill_fresh(self, plan: list[tuple[SchedulerReq, int]], budget: PrefillBudget,
+                        kv: PageAdmission) -> list[tuple[SchedulerReq, int]]:
+        """Progress rule 2b: after a fresh request was refused for pages, fresh requests the
+        plan left out go on, oldest first, within the budget and request slots left; each asks
+        the pool (rule 1: its whole prompt beside the reserve) and a refusal skips only it."""
+        planned = {r for r, _ in plan}
+        more: list[tuple[SchedulerReq, int]] = []
+        ps, plain = self.page_size, self.hits is None
+        for r in self.waiting:
+            # the pages rule 1 leaves a fresh request (the walk is cheap where nothing fits):
+            # every fresh one needs at least one (a prefix hit never covers its last token) and,
+            # without a prefix cache, all its prompt's pages
+            room = kv.allocator.num_free - kv.headroom - (0 if kv.whole_prompt else kv.reserve)
+            if budget.token_budget <= 0 or budget.new_req_slots <= 0 or room <= 0:
+                break
+            if r.pages or r in planned or (plain and pages_for(r.prefill_target, ps) > room):
+                continue
+            n = budget.grant(r)
+            if n:
+                more.append((r, n))
         return more
 
     def _step(self, mode: ForwardMode, plan: list[tuple[SchedulerReq, int]], num_decode: int) -> ScheduledStep:
