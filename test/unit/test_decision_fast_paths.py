@@ -14,7 +14,7 @@ import pytest
 
 from policy_helpers import CountingKV
 from sglang_pd.scheduling.config import PolicyConfig
-from sglang_pd.scheduling.prefill import kairos_plus
+from sglang_pd.scheduling.prefill import kairos_plus, plan
 from sglang_pd.scheduling.prefill.common import Order, Queue, fcfs_finish
 from sglang_pd.scheduling.prefill.kairos_plus import (LOST, ON_TIME, RESCUING, SALVAGEABLE, STARVING, URGENT,
                                                       KairosPlusPrefillPolicy)
@@ -152,16 +152,22 @@ def test_waiting_queue_counts_equal_and_unordered_arrival_neighbours() -> None:
         sub.check()
 
 
-@pytest.mark.parametrize("short_plan", [0, 1, 8, 10_000])
-def test_room_cut_loop_and_array_paths_agree(short_plan: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("module", "name", "value"), [
+    (kairos_plus, "SHORT_PLAN", 0), (kairos_plus, "SHORT_PLAN", 1), (kairos_plus, "SHORT_PLAN", 8),
+    (kairos_plus, "SHORT_PLAN", 10_000), (plan, "CUT_FIRST", 1), (plan, "CUT_FIRST", 3),
+    (plan, "CUT_FIRST", 10_000)])
+def test_room_cut_loop_and_array_paths_agree(module: object, name: str, value: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """kairos+'s plans, urgent set and its cut with the loop for none, some or all of the plan
-    equal those of the default split (the walk asks the cut before and after its tail: the
-    resumed second call is covered too)."""
+    (SHORT_PLAN; 0 also takes the array path for the rescuing ones), and with the cut asked
+    first after one, three or (never) the default number of the order's first requests
+    (CUT_FIRST), equal those of the defaults (the walk asks the cut before and after its tail:
+    the resumed second call is covered too)."""
     rng = random.Random(17)
     plans = []
     for mode in ("default", "patched"):
         if mode == "patched":
-            monkeypatch.setattr(kairos_plus, "SHORT_PLAN", short_plan)
+            monkeypatch.setattr(module, name, value)
         got = []
         for trial in range(40):
             cfg = PolicyConfig(chunked_prefill_size=rng.choice((64, 512)), max_prefill_tokens=rng.choice((512, 16_384)),

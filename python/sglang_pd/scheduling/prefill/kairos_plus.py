@@ -101,10 +101,11 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         checks both against the rules applied request by request."""
         work = self.works(q)
         a = q.arrival
-        slos = q.slos(self.no_slo_s)
-        d = a + slos
-        if self.margin_s:
-            d -= self.margin_s
+        slos = q.slos_read(self.no_slo_s)  # read only (the queue's own column when it keeps one)
+        # deadlines: read only too (below and in ``refine``); without a margin the queue's own
+        # ``due`` column (arrival + SLO, the same sum), so no array is built for them
+        d = q.due if not self.margin_s and q.due is not None and q.due_default == self.no_slo_s \
+            else self.deadlines(q)
         lax = d - now
         lax -= work
         limit = work * self.SAFETY
@@ -129,9 +130,17 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         self._rescuing = _NO_POS
         if self._urgent:  # RESCUING (over STARVING): laxity; a rescue ends once lost
             pos = q.positions(self._urgent)
-            self._rescuing = pos = pos[tight[pos] > lost[pos]]
-            group[pos] = RESCUING
-            key[pos] = lax[pos]
+            if len(pos) <= SHORT_PLAN:  # (a few, as they mostly are: element by element costs
+                # less than the four array calls)
+                keep = [p for p in pos.tolist() if tight[p] and not lost[p]]
+                for p in keep:
+                    group[p] = RESCUING
+                    key[p] = lax[p]
+                self._rescuing = np.array(keep, dtype=np.intp)
+            else:
+                self._rescuing = pos = pos[tight[pos] > lost[pos]]
+                group[pos] = RESCUING
+                key[pos] = lax[pos]
 
         def refine() -> None:
             """ON_TIME (finishing by the deadline under FCFS) keyed by u descending
@@ -180,9 +189,9 @@ class KairosPlusPrefillPolicy(DeadlinePolicy):
         urgent = set(q.pick(self._rescuing)) if len(self._rescuing) else set()
         if room is not None:
             urgent.update(r for r, _ in plan if r in room)
-        elif plan:
-            g = group[cut.last[: len(plan)]]
-            urgent.update(r for (r, _), u in zip(plan, ((g == RESCUING) | (g == URGENT)).tolist()) if u)
+        elif plan:  # (the groups as a list: two array calls, not five, for a plan of a few)
+            g = group[cut.last[: len(plan)]].tolist()
+            urgent.update(r for (r, _), gj in zip(plan, g) if gj in (RESCUING, URGENT))
         self._urgent = urgent
         return plan
 

@@ -120,16 +120,24 @@ class Order:
         NaN at the cut (sort whole instead)."""
         group, key = self.group, self.key
         assert group is not None  # (a grouped order)
-        counts = np.bincount(group).tolist()
-        if self._refine is not None and sum(counts[: self._refine_from]) < k:
-            self._refined()  # the head reaches the provisional groups
-            counts = np.bincount(group).tolist()
         parts: list[np.ndarray] = []
         need = k
-        for g, c in enumerate(counts):
-            if not c:
-                continue
+        # group by group from the lowest (a compare and a ``nonzero`` each: cheaper than counting
+        # them all first, or a stable sort of the small ints, at 1,000: issue 28), refined
+        # before the first provisional group is read (``refine`` rewrites only those)
+        top, g = int(group.max()), -1
+        while need > 0 and g < top:
+            g += 1
+            if g == self._refine_from and self._refine is not None:
+                self._refined()
+                top = int(group.max())  # (refined groups stay >= refine_from, may be higher)
             idx = (group == g).nonzero()[0]
+            c = len(idx)
+            if c <= 1:  # none, or one (the rare groups often hold one): nothing to sort
+                if c:
+                    parts.append(idx)
+                    need -= 1
+                continue
             kg = key[idx]
             if c > need and c >= 2 * need + MIN_PART:
                 v = np.partition(kg, need - 1)[need - 1]
@@ -139,8 +147,6 @@ class Order:
                 idx, kg = idx[sel], kg[sel]
             parts.append(idx[np.argsort(kg, kind="stable")][:need])
             need -= len(parts[-1])
-            if need <= 0:
-                break
         return parts, need
 
     def after(self, p: int, mask: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ MIN_BLOCK = 32  # least first block of ``plan_numbers`` (else sized from the bud
 PASS_MAX = 384  # a first block up to this long, holding more than PASS_BUDGETS budgets of
 PASS_BUDGETS = 2  # tokens, is walked in one Python pass (``_pass``)
 KNOWN_MIN = 32  # the tail scans the sorted part alone first when at least this long
+CUT_FIRST = 16  # with a policy's cut, the order's first this many are walked and cut first
 
 _NO_POS = np.empty(0, dtype=np.intp)
 _acc = np.add.accumulate  # ``cumsum`` without the method's overhead (the same sums)
@@ -63,6 +64,10 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
     n = order.n
     if tokens <= 0 or chunk <= 0 or n == 0:
         return _NO_POS, _NO_TOKENS  # every request would get 0 tokens: the walk ends at once
+    if cut is not None and n > CUT_FIRST:
+        early = _cut_early(q, order, tokens, chunk, slots, max_partial, cut)
+        if early is not None:
+            return early
     rem_all, fresh_all = q.rem, q.fresh
     partial = q.n_started
     pos: list[Piece] = []  # pieces of the plan, in order
@@ -197,6 +202,26 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         k = cut(p, t)
         p, t = p[:k], t[:k]
     return p, t
+
+
+def _cut_early(q: Queue[R], order: Order, tokens: int, chunk: int, slots: int, max_partial: int,
+               cut: Cut) -> tuple[np.ndarray, np.ndarray] | None:
+    """The plan if a policy's cut (or the walk) ends it within the order's first ``CUT_FIRST``
+    requests, else None. A cut often ends the step within a few grants (kairos+: an urgent
+    request with little room to give), and then the first block, sized for the budget, need
+    not be read (for kairos+, reading past the urgent groups sorts by u, the FCFS simulation
+    ``refine``): the plan is built front to back and a cut keeps a prefix of it, so the cut
+    of its first grants is the cut of the whole plan (issue 28)."""
+    seg = order.head(CUT_FIRST)
+    got: list[int] = []
+    got_n: list[int] = []
+    done = _pass(seg, q.rem[seg], q.fresh, tokens, slots, q.n_started, q.n_started, chunk, max_partial,
+                 got, got_n)[0]
+    if not got:
+        return (_NO_POS, _NO_TOKENS) if done else None
+    p, t = np.array(got, dtype=np.intp), np.array(got_n, dtype=np.int64)
+    k = cut(p, t)
+    return (p[:k], t[:k]) if k < len(p) or done else None
 
 
 def _pass(seg: np.ndarray, rem: np.ndarray, fresh_all: np.ndarray, tokens: int, slots: int,
