@@ -19,6 +19,8 @@ the logs for tracebacks. Setups (``--list`` prints them):
       ours-no-dual      ours with single prefill queues (kairos+ alone)
       ours-no-kairos    ours with dual queues over fcfs (no kairos+)
       ours-no-slack     ours with continuous decode (no slack+)
+      ours+reserve      ours with slack+ keeping the decode table's p90 overrun in reserve
+                        (--decode-reserve-quantile 0.9)
       ours+controller   ours with the pool controller on (an addition: it moves instances)
       ours+spill        ours with length_aware_spill routing (item 0: idle short instances take longs)
       ours+cond         ours with --conditional-disagg on (item 3: a short prompt is prefilled on the
@@ -76,9 +78,9 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
 
     def ours(name: str, what: str, prefill: list[str] = OURS_PREFILL, roles: tuple[str, str] = ("short", "long"),
              decode: str = "slack+", controller: str = "off", route: str = "length_aware",
-             extra: tuple[str, ...] = ()) -> Setup:
+             extra: tuple[str, ...] = (), decode_extra: tuple[str, ...] = ()) -> Setup:
         return Setup(name, "ours", tuple((*prefill, "--prefill-role", r) for r in roles),
-                     ("--decode-policy", decode),
+                     ("--decode-policy", decode, *decode_extra),
                      ("--pool-controller", controller, "--prefill-policy", route, *extra), what)
 
     rows = [
@@ -98,6 +100,8 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
         ours("ours-no-kairos", "ours, dual queues over fcfs",
              prefill=["--prefill-policy", "fcfs", "--prefill-queues", "dual"]),
         ours("ours-no-slack", "ours, continuous decode", decode="continuous"),
+        ours("ours+reserve", "ours, slack+ keeping the decode table's p90 overrun in reserve",
+             decode_extra=("--decode-reserve-quantile", "0.9")),
         ours("ours+controller", "ours, pool controller on", controller="on"),
         ours("ours+spill", "ours, longs spill onto an idle short instance (item 0)", route="length_aware_spill"),
         ours("ours+cond", "ours, shorts prefilled on decode while their prefill is loaded (item 3)",

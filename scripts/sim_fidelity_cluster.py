@@ -72,7 +72,10 @@ def sim_argv(setup_name: str, cfg: dict, a: argparse.Namespace) -> list[str] | N
     for flag, value in ((f, prefill[0].get(f)) for f in _SAME_PREFILL):  # every prefill alike
         if value:
             argv += [flag, value]
-    argv += ["--decode-policy", _flag_pairs(s.decode).get("--decode-policy", "continuous")]
+    decode = _flag_pairs(s.decode)
+    argv += ["--decode-policy", decode.get("--decode-policy", "continuous")]
+    if "--decode-reserve-quantile" in decode:  # (a PolicyConfig flag: the simulator takes it as is)
+        argv += ["--decode-reserve-quantile", decode["--decode-reserve-quantile"]]
     router = _flag_pairs(s.router_flags)
     argv += ["--router-prefill", router.get("--prefill-policy", "length_aware"),
              "--router-decode", router.get("--decode-policy", "power_of_two"),

@@ -35,6 +35,9 @@ def test_our_setups_map_to_the_same_cluster_and_the_rest_are_skipped() -> None:
     assert _value(argv, "--slo-ttft-ms-long") == "5000.0"
     no_slack = sfc.sim_argv("ours-no-slack", CFG, OPTS)
     assert no_slack is not None and _value(no_slack, "--decode-policy") == "continuous"
+    reserve = sfc.sim_argv("ours+reserve", CFG, OPTS)  # slack+ with its overrun reserve, as the servers
+    assert reserve is not None and _value(reserve, "--decode-policy") == "slack+"
+    assert _value(reserve, "--decode-reserve-quantile") == "0.9" and "--decode-reserve-quantile" not in argv
     assert _value(sfc.sim_argv("ours-no-pools", CFG, OPTS) or [], "--prefill-role") == "both,both"
     for name in ("sglang-pd", "dynamo-edf", "ours+cond"):  # not ours, or not in the simulator
         assert sfc.sim_argv(name, CFG, OPTS) is None

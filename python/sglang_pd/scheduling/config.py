@@ -91,6 +91,12 @@ class PolicyConfig:
     # slack-guided decode policies (docs/decode_scheduling.md): the TPOT pace assumed for a
     # request without a TPOT SLO, which bounds how long it may be skipped
     decode_no_slo_tpot_ms: float = 1000.0
+    # slack+ skips a request only while its slack keeps in reserve this quantile of the decode
+    # table's recent overruns (a step measured slower than the table predicted); 0: off, the
+    # rule as first written (issue 34; decode/slack_plus.py "Reserve")
+    decode_reserve_quantile: float = flag(0.0, "--decode-reserve-quantile",
+                                          help="slack+: keep this quantile of the decode table's recent overruns "
+                                               "in reserve when skipping a request (0: none)")
     # the engine's decode attention pads every request to the batch's longest context (the
     # torch backend's one SDPA call): a step then costs as if all had the longest context
     decode_attention_padded: bool = False
@@ -147,6 +153,8 @@ class PolicyConfig:
                              f"{self.prefill_max_partial} and {self.prefill_starve_factor}")
         if not self.decode_no_slo_tpot_ms > 0:
             raise ValueError(f"decode_no_slo_tpot_ms must be > 0, got {self.decode_no_slo_tpot_ms}")
+        if not 0 <= self.decode_reserve_quantile <= 1:
+            raise ValueError(f"decode_reserve_quantile must be in [0, 1], got {self.decode_reserve_quantile}")
 
     @property
     def slo_ttft_s(self) -> float | None:

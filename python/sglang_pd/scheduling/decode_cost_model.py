@@ -30,6 +30,12 @@ the last ``scale_window`` steps), so a prior from other hardware, or the built-i
 100x slower than the GPU it describes, is not read at the wrong scale where no step ran yet.
 MIXED steps carry prefill work and EXTEND steps are prefill: neither is a decode sample.
 
+Overruns (issue 34): every learned step also records how much longer it ran than the table
+predicted just before it (``seconds - step_s``, negative when faster), over the last
+``scale_window`` steps; ``overrun_s(q)`` is their q-quantile, floored at 0: how much slower
+than the table a step may run, read by ``slack+``'s reserve. A table that does not learn (the
+simulator's exact one) records none and reads 0.
+
 Cold start (no profile): t = launch + per_req * B + per_ctx * C with Kairos §2.2's batch-1
 points (MiniMax-M2.5: 8K tokens 11.0 ms, 128K tokens 40.3 ms per step); the batch slope is a
 guess. The profiler (tools/profile_cost_model.py) measures the real table.
@@ -168,6 +174,8 @@ class DecodeCostModel:
         self._sum = [[0.0] * nc for _ in range(nb)]  # observed seconds per cell
         self._count = [[0] * nc for _ in range(nb)]
         self._ratios: deque[float] = deque(maxlen=scale_window)  # observed / prior, recent steps
+        self._overruns: deque[float] = deque(maxlen=scale_window)  # observed - predicted, recent steps
+        self._overrun_q: tuple[int, float, float] | None = None  # (samples, q, value): read once per sample
         self.scale = 1.0
         self.num_samples = 0
 
@@ -247,6 +255,7 @@ class DecodeCostModel:
         column = self._column(batch, total_ctx, max_ctx)
         i, j = _nearest(self.batch_axis, batch), _nearest(self.context_axis, column)
         here = self._at(batch, column)
+        self._overruns.append(seconds - here)  # (before this step moves the table)
         # the cell's share of this step: the table's own ratio between the cell and the point
         self._sum[i][j] += seconds * self.cell_s(i, j) / here
         self._count[i][j] += 1
@@ -254,6 +263,17 @@ class DecodeCostModel:
         self._ratios.append(seconds / prior_here)
         self.scale = sum(self._ratios) / len(self._ratios)
         self.num_samples += 1
+
+    def overrun_s(self, quantile: float) -> float:
+        """The ``quantile`` of the recent steps' overruns (seconds past the table's prediction),
+        0 when none ran over it or none was observed (module docstring)."""
+        cached = self._overrun_q
+        if cached is not None and cached[0] == self.num_samples and cached[1] == quantile:
+            return cached[2]
+        runs = sorted(self._overruns)
+        value = max(runs[min(len(runs) - 1, int(quantile * len(runs)))], 0.0) if runs else 0.0
+        self._overrun_q = (self.num_samples, quantile, value)
+        return value
 
     def _prior_at(self, batch: float, column: float) -> float:
         bi, bw = _bracket(self.batch_axis, batch)

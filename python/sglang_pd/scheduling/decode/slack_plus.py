@@ -68,6 +68,17 @@ Packing never delays a request already in the batch past its next deadline: a ca
 added only if the step stays within every chosen request's deadline that the step without it
 meets (a mandatory request close to its deadline is not made late by an optional one).
 
+Reserve (issue 34; off by default): the rules above let a request wait until its slack is
+spent, so its tokens land on its pace deadlines exactly, and a step slower than the table (a
+neighbour on a shared core) carries them past. With ``decode_reserve_quantile`` Q > 0 a request
+counts as skippable only while s_r >= t + reserve, the reserve being the Q-quantile of the
+table's recent overruns (``DecodeCostModel.overrun_s``: measured step minus the table's
+prediction): a later step slower than the table by as much still meets the pace. Where the
+table is exact the reserve is 0 and the rule is the one above; where steps jitter slack+ skips
+less, towards continuous batching. Feasibility (t_all <= T_slo), rescue and recovery still read
+the table alone. Off by default: on the simulator's Kairos scenario it cost 2.5 points of E2E
+attainment (docs/decode_scheduling.md "The reserve").
+
 No starvation: a skipped request's s falls by each step's time, so within a bounded number of
 steps it is negative and mandatory, or it is behind and waits at most one step. The table,
 pace and deviations are Kairos's as in ``slack.py`` (total-context key, per-request T_slo,
@@ -109,7 +120,12 @@ class SlackPlusDecodePolicy(SlackDecodePolicy):
         if any(b and r.rid in self._behind_skipped for b, r in zip(best_effort, running)):
             self._behind_skipped.clear()  # a best-effort request never waits two steps in a row
             return []
-        slack = [-math.inf if rc else math.inf if b else d - t_all
+        # a request on pace may be skipped only while its slack beyond the decode-all step keeps
+        # the table's recent overrun in reserve: a later step that much slower than the table
+        # still delivers its token on pace (docstring, "Reserve")
+        q = self.cfg.decode_reserve_quantile
+        reserve = model.overrun_s(q) if q > 0 else 0.0
+        slack = [-math.inf if rc else math.inf if b else d - t_all - reserve
                  for b, rc, d in zip(best_effort, recover, due)]
         chosen = [False] * n
         total = longest = count = 0
