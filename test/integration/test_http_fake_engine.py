@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from tokenizers import Tokenizer
+
+from sglang_pd.utils.server_procs import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -50,15 +51,9 @@ class Server:
             return f.read()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_dir: str, log_path: str, *extra: str, env: dict[str, str] | None = None,
                  wait: bool = True) -> Server:
-    port = _free_port()
+    port = free_port()
     full_env = {**os.environ, "SGLANG_PD_ENGINE_ENTRY": "fake_engine:run_engine_process",
                 "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
                 "SGLANG_PD_SHUTDOWN_GRACE_S": "5", **(env or {})}

@@ -12,10 +12,10 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from sglang_pd.utils.server_procs import require_healthy
 
 
 def write_toy_tokenizer(model_dir: str | Path, vocab_size: int = 600) -> Path:
@@ -72,15 +72,7 @@ def running_stub(*flags: str, start_timeout_s: float = 20.0) -> Iterator[str]:
             log.seek(0)
             raise RuntimeError(f"stub server did not start: {line}{log.read()[-4000:]}")
         base = f"http://127.0.0.1:{int(line.strip().split('=')[1])}"
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"stub at {base} never answered /health") from None
-                time.sleep(0.05)
+        require_healthy(base, proc, start_timeout_s)
         yield base
     finally:
         proc.terminate()
