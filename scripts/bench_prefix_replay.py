@@ -161,13 +161,15 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
            "--chunked-prefill-size", "512", "--max-running-requests", "64", "--dtype", "float32"]
     if not cache:
         cmd.append("--disable-radix-cache")
-    log = open(log_dir / f"server_{'on' if cache else 'off'}.log", "wb")
+    log = open(log_dir / f"server{len(list(log_dir.iterdir()))}_{'on' if cache else 'off'}.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    boot = snapshot(proc.pid)
     url = f"http://127.0.0.1:{port}"
     try:
         if not wait_healthy(url, proc, 300):
             raise SystemExit(f"server did not start; see {log.name}")
         u0 = snapshot(proc.pid)
+        usage_start = u0.since(boot)
         t = time.monotonic()
         asyncio.run(warm_up(url, warm, a.warm_concurrency))
         warm_s, t = time.monotonic() - t, time.monotonic()
@@ -187,7 +189,7 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p90_s": float(np.percentile(ttft, 90)),
             "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": busy / wall, "load": busy / span,
             "slowest_load_poll_s": slowest_poll, "step_s": steps1 - steps0,
-            "usage_warm": u1.since(u0), "usage_window": u2.since(u1), "ttft_s": ttft.round(3).tolist()}
+            "usage_start": usage_start, "usage_warm": u1.since(u0), "usage_window": u2.since(u1), "ttft_s": ttft.round(3).tolist()}
 
 
 def step_seconds(url: str) -> float:

@@ -28,8 +28,8 @@ def test_session_usage_sums_only_that_sessions_processes(tmp_path: Path) -> None
         (tmp_path / str(pid) / "stat").write_text(_stat(pid, "p", sid, minflt=pid, majflt=1, utime=ut, stime=0))
     (tmp_path / "self").mkdir()  # not a pid: skipped
     (tmp_path / "13").mkdir()  # exited between listing and reading: skipped
-    cpu, major, minor = hu.session_usage(7, tmp_path)
-    assert cpu == pytest.approx(150 / hu._TICK) and major == 2 and minor == 21
+    cpu, major, minor, rss, huge = hu.session_usage(7, tmp_path)
+    assert cpu == pytest.approx(150 / hu._TICK) and major == 2 and minor == 21 and rss == huge == 0
 
 
 def test_machine_busy_leaves_out_idle_and_iowait() -> None:
@@ -39,11 +39,12 @@ def test_machine_busy_leaves_out_idle_and_iowait() -> None:
 
 
 def test_since_splits_the_machine_time_into_server_client_and_other() -> None:
-    a = hu.Usage(10.0, 100.0, 20.0, 1, 5, 2.0)
-    b = hu.Usage(40.0, 160.0, 50.0, 4, 105, 7.0)
+    a = hu.Usage(10.0, 100.0, 20.0, 1, 5, 1024, 0, 2.0)
+    b = hu.Usage(40.0, 160.0, 50.0, 4, 105, 3072, 2048, 7.0)
     d = b.since(a)
     assert d["wall_s"] == 30.0 and d["server_cpu_s"] == 30.0 and d["client_cpu_s"] == 5.0
     assert d["other_cpu_s"] == 25.0 and d["server_major_faults"] == 3 and d["server_minor_faults"] == 100
+    assert d["server_rss_mb"] == 2.0 and d["server_huge_mb"] == 2.0
 
 
 def test_snapshot_reads_this_host() -> None:
@@ -61,3 +62,9 @@ def test_metric_sum_adds_every_label_set_of_exactly_that_name() -> None:
             "sglang:engine_step_seconds_sum_other 100\n")
     assert hu.metric_sum(text, "sglang:engine_step_seconds_sum") == pytest.approx(3.5)
     assert hu.metric_sum(text, "sglang:missing") == 0.0
+
+
+def test_rollup_reads_rss_and_huge_pages() -> None:
+    text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss:  2048 kB\nPss: 1000 kB\nAnonHugePages:  1024 kB\n"
+    assert hu.parse_rollup(text) == (2048, 1024)
+    assert hu.parse_rollup("") == (0, 0)

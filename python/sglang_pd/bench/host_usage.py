@@ -23,6 +23,8 @@ class Usage:
     server_cpu_s: float  # user + system of the server session's live processes
     server_major_faults: int
     server_minor_faults: int  # page faults served without I/O (first touches of fresh memory)
+    server_rss_kb: int  # resident memory of the session's processes
+    server_huge_kb: int  # of which in transparent huge pages (AnonHugePages)
     client_cpu_s: float  # this process, every thread
 
     def since(self, before: Usage) -> dict[str, float]:
@@ -34,7 +36,9 @@ class Usage:
         return {"wall_s": self.wall_s - before.wall_s, "machine_busy_s": busy, "server_cpu_s": server,
                 "client_cpu_s": client, "other_cpu_s": max(0.0, busy - server - client),
                 "server_major_faults": float(self.server_major_faults - before.server_major_faults),
-                "server_minor_faults": float(self.server_minor_faults - before.server_minor_faults)}
+                "server_minor_faults": float(self.server_minor_faults - before.server_minor_faults),
+                "server_rss_mb": (self.server_rss_kb - before.server_rss_kb) / 1024,
+                "server_huge_mb": (self.server_huge_kb - before.server_huge_kb) / 1024}
 
 
 def parse_stat_line(text: str) -> tuple[int, int, int, int]:
@@ -54,27 +58,39 @@ def parse_machine_busy(cpu_line: str) -> float:
     return (total - vals[3] - vals[4]) / _TICK
 
 
-def session_usage(sid: int, proc: Path = Path("/proc")) -> tuple[float, int, int]:
-    """(CPU seconds, major faults, minor faults) summed over the live processes of session
-    ``sid``."""
-    ticks = major = minor = 0
+def parse_rollup(text: str) -> tuple[int, int]:
+    """(Rss, AnonHugePages) in kB from /proc/<pid>/smaps_rollup."""
+    vals = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "AnonHugePages"):
+            vals[key] = int(rest.split()[0])
+    return vals.get("Rss", 0), vals.get("AnonHugePages", 0)
+
+
+def session_usage(sid: int, proc: Path = Path("/proc")) -> tuple[float, int, int, int, int]:
+    """(CPU seconds, major faults, minor faults, Rss kB, AnonHugePages kB) summed over the live
+    processes of session ``sid``."""
+    ticks = major = minor = rss = huge = 0
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
         try:
             s, t, f, m = parse_stat_line((d / "stat").read_text())
+            if s != sid:
+                continue
+            r, h = parse_rollup((d / "smaps_rollup").read_text()) if (d / "smaps_rollup").exists() else (0, 0)
         except (OSError, ValueError, IndexError):  # exited meanwhile
             continue
-        if s == sid:
-            ticks, major, minor = ticks + t, major + f, minor + m
-    return ticks / _TICK, major, minor
+        ticks, major, minor, rss, huge = ticks + t, major + f, minor + m, rss + r, huge + h
+    return ticks / _TICK, major, minor, rss, huge
 
 
 def snapshot(server_sid: int) -> Usage:
     with open("/proc/stat") as f:
         busy = parse_machine_busy(f.readline())
-    cpu, major, minor = session_usage(server_sid)
-    return Usage(time.monotonic(), busy, cpu, major, minor, time.process_time())
+    cpu, major, minor, rss, huge = session_usage(server_sid)
+    return Usage(time.monotonic(), busy, cpu, major, minor, rss, huge, time.process_time())
 
 
 def metric_sum(text: str, name: str) -> float:
