@@ -154,6 +154,8 @@ async def replay(url: str, reqs: list[Request]) -> tuple[list[tuple[float, int, 
 
 def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[list[int]], reqs: list[Request],
                log_dir: Path) -> dict:
+    """One server: start, warm-up, then the window measured (none when ``reqs`` is empty: a
+    priming run, only its warm-up's time and usage returned)."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port), "--mode", "colocated",
@@ -174,6 +176,8 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
         asyncio.run(warm_up(url, warm, a.warm_concurrency))
         warm_s, t = time.monotonic() - t, time.monotonic()
         u1, steps0 = snapshot(proc.pid), step_seconds(url)
+        if not reqs:
+            return {"cache": cache, "warm_s": warm_s, "usage_start": usage_start, "usage_warm": u1.since(u0)}
         res, (busy, slowest_poll) = asyncio.run(replay(url, reqs))
         wall = time.monotonic() - t
         u2, steps1 = snapshot(proc.pid), step_seconds(url)
@@ -229,10 +233,11 @@ def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float, float | None]:
 
 def parse_order(spec: str | None, off_first: bool) -> list[bool]:
     """The servers to run, in order, as cache on (True) / off (False): ``--order`` is a comma
-    list of on/off (e.g. ``on,off,off,on``); without it, ``on,off`` or with ``--off-first``
-    ``off,on``."""
+    list of on/off; without it ``on,off,off,on`` (with ``--off-first`` ``off,on,on,off``): each
+    side once early and once late, so that a drift of the machine's speed over the run falls on
+    both sides alike."""
     if spec is None:
-        return [False, True] if off_first else [True, False]
+        return [False, True, True, False] if off_first else [True, False, False, True]
     names = [x.strip() for x in spec.split(",")]
     if not names or any(n not in ("on", "off") for n in names):
         raise SystemExit(f"--order takes a comma list of on/off, not {spec!r}")
@@ -258,12 +263,18 @@ def main() -> None:
     p.add_argument("--block-tokens", type=int, default=4, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
-    p.add_argument("--off-first", action="store_true", help="run the cache-off server first")
+    p.add_argument("--off-first", action="store_true", help="order off,on,on,off instead of on,off,off,on")
     p.add_argument("--order", default=None, help="servers in order, a comma list of on/off (overrides --off-first)")
+    p.add_argument("--prime-requests", type=int, default=None,
+                   help="first run an unmeasured server through this many warm-up prompts (default: all of "
+                        "--warm-requests; 0: no priming run)")
     p.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     a = p.parse_args()
     if a.warm_requests < 0 or a.num_requests < 2 or a.warm_concurrency < 1 or a.qps <= 0:
         p.error("need --warm-requests >= 0, --num-requests >= 2, --warm-concurrency >= 1, --qps > 0")
+    a.prime_requests = a.warm_requests if a.prime_requests is None else a.prime_requests
+    if not 0 <= a.prime_requests <= a.warm_requests:
+        p.error("need 0 <= --prime-requests <= --warm-requests")
     warm, reqs = build_requests(a)
     ceiling, sim, sim_full = sim_hit_rates(a)
     print(f"Mooncake conversation trace: warm-up = requests 1-{a.warm_requests} (prefill only, untimed), "
@@ -276,13 +287,21 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_dummy_config", "smollm2-135m", model_dir],
                        check=True, capture_output=True)
         log_dir = Path(tempfile.mkdtemp(prefix="prefix_replay_"))
+        order = parse_order(a.order, a.off_first)
+        if a.prime_requests:
+            # a first server runs slower on this host (see docs/prefix_cache.md): spend that on
+            # a run nobody measures
+            prime = run_server(a, model_dir, order[0], warm[:a.prime_requests], [], log_dir)
+            print(f"  primed: a cache-{'on' if order[0] else 'off'} server, {a.prime_requests} warm-up "
+                  f"prompts in {prime['warm_s']:.1f} s, server CPU {prime['usage_warm']['server_cpu_s']:.1f} s "
+                  f"(not measured)", flush=True)
         runs = []
-        for c in parse_order(a.order, a.off_first):
+        for c in order:
             runs.append(run_server(a, model_dir, c, warm, reqs, log_dir))
             r = runs[-1]
-            print(f"  done: cache {'on' if c else 'off'}, TTFT p50 {r['ttft_p50_s']:.3f} s, warm-up {r['warm_s']:.1f} s, "
-                  f"usage over the window {json.dumps({k: round(v, 1) for k, v in r['usage_window'].items()})}",
-                  flush=True)
+            print(f"  done: cache {'on' if c else 'off'}, TTFT p50 {r['ttft_p50_s']:.3f} s, warm-up {r['warm_s']:.1f} s "
+                  f"(server CPU {r['usage_warm']['server_cpu_s']:.1f} s), usage over the window "
+                  f"{json.dumps({k: round(v, 1) for k, v in r['usage_window'].items()})}", flush=True)
     print(f"server logs in {log_dir}; busy = engine stepping s / window wall, load = stepping s / arrival span")
     print(f"{'cache':>6} {'hit rate':>9} {'TTFT p50 s':>11} {'TTFT p90 s':>11} {'wall s':>7} {'busy':>5} "
           f"{'load':>5} {'warm-up s':>9} {'step s':>7} {'srv cpu':>7} {'cli cpu':>7} {'other':>6} {'majflt':>6}")

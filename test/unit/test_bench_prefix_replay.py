@@ -84,9 +84,9 @@ def test_replay_hit_rate_bounded_cache_evicts_the_warm_up() -> None:
     assert replay_hit_rate([], window) == 0.0
 
 
-def test_order_is_a_list_of_on_off_and_defaults_to_one_pair() -> None:
-    assert bpr.parse_order(None, False) == [True, False]
-    assert bpr.parse_order(None, True) == [False, True]
+def test_order_is_a_list_of_on_off_and_defaults_to_each_side_early_and_late() -> None:
+    assert bpr.parse_order(None, False) == [True, False, False, True]
+    assert bpr.parse_order(None, True) == [False, True, True, False]
     assert bpr.parse_order("on,off,off,on", True) == [True, False, False, True]  # --order wins
     for bad in ("on,of", "", "on,,off"):
         with pytest.raises(SystemExit):
