@@ -16,8 +16,15 @@ arrival span (load: above 1 the queue grows over the window). Before the runs: t
 ceiling (share of its prompt tokens in leading blocks an earlier request sent) and the
 simulator's predicted hit rate for the same warmed window (``sim_hit_rates``).
 
+Method: on this host the first server of an invocation ran ~10% slower at the same work (its
+warm-up too; docs/prefix_cache.md, session 8), which near the knee moved TTFT p50 as much as
+the cache did. So an unmeasured priming server runs first (``--prime-requests``), each side runs
+once early and once late (``on,off,off,on``; ``--order`` for any other), and TTFT percentiles
+pool a side's runs. Each run also reports where the CPU went over the window (server, client,
+other processes: ``sglang_pd.bench.host_usage``) and the engine's stepping seconds.
+
     flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --warm-requests 300 \
-        --num-requests 150 --block-tokens 4 --qps 2.4 [--off-first]
+        --num-requests 150 --block-tokens 4 --max-output 1 --qps 3.0 [--off-first]
 """
 
 from __future__ import annotations
