@@ -11,7 +11,7 @@ keeping the trace's shape rescaled to ``--qps``. One colocated server (SmolLM2-1
 dummy weights) runs all this twice, with its radix cache and with ``--disable-radix-cache``:
 the same requests, the warm-up included. Per run: the window's hit rate (meta_info
 ``cached_tokens`` / prompt tokens), TTFT p50/p90 (streamed first token), and the engine's
-stepping seconds (/get_load ``busy_fraction``) over the window's wall time (busy) and over its
+stepping seconds (/metrics ``sglang:engine_step_seconds``) over the window's wall time (busy) and over its
 arrival span (load: above 1 the queue grows over the window). Before the runs: the window's
 ceiling (share of its prompt tokens in leading blocks an earlier request sent) and the
 simulator's predicted hit rate for the same warmed window (``sim_hit_rates``).
@@ -198,8 +198,10 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
     return {"cache": cache, "hit_rate": sum(r[1] for r in res) / sum(r[2] for r in res),
             "hit_rate_with_warm": float(load.get("cache_hit_rate", 0.0)),
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p90_s": float(np.percentile(ttft, 90)),
-            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": busy / wall, "load": busy / span,
-            "slowest_load_poll_s": slowest_poll, "step_s": steps1 - steps0,
+            # busy and load from the engine's own step seconds (/metrics): the /get_load polls
+            # (busy_s) lose seconds whenever a poll answers late
+            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": (steps1 - steps0) / wall,
+            "load": (steps1 - steps0) / span, "slowest_load_poll_s": slowest_poll, "step_s": steps1 - steps0,
             "usage_start": usage_start, "usage_warm": u1.since(u0), "usage_window": u2.since(u1), "ttft_s": ttft.round(3).tolist()}
 
 
