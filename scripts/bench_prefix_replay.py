@@ -11,13 +11,20 @@ keeping the trace's shape rescaled to ``--qps``. One colocated server (SmolLM2-1
 dummy weights) runs all this twice, with its radix cache and with ``--disable-radix-cache``:
 the same requests, the warm-up included. Per run: the window's hit rate (meta_info
 ``cached_tokens`` / prompt tokens), TTFT p50/p90 (streamed first token), and the engine's
-stepping seconds (/get_load ``busy_fraction``) over the window's wall time (busy) and over its
+stepping seconds (/metrics ``sglang:engine_step_seconds``) over the window's wall time (busy) and over its
 arrival span (load: above 1 the queue grows over the window). Before the runs: the window's
 ceiling (share of its prompt tokens in leading blocks an earlier request sent) and the
 simulator's predicted hit rate for the same warmed window (``sim_hit_rates``).
 
+Method: on this host the first server of an invocation ran ~10% slower at the same work (its
+warm-up too; docs/prefix_cache.md, session 8), which near the knee moved TTFT p50 as much as
+the cache did. So an unmeasured priming server runs first (``--prime-requests``), each side runs
+once early and once late (``on,off,off,on``; ``--order`` for any other), and TTFT percentiles
+pool a side's runs. Each run also reports where the CPU went over the window (server, client,
+other processes: ``sglang_pd.bench.host_usage``) and the engine's stepping seconds.
+
     flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --warm-requests 300 \
-        --num-requests 150 --block-tokens 4 --qps 2.4 [--off-first]
+        --num-requests 150 --block-tokens 4 --max-output 1 --qps 3.0 [--off-first]
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from sglang_pd.bench.host_usage import metric_sum, snapshot
 from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
 from sglang_pd.core.load_signals import BUSY_WINDOW_S
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
@@ -153,6 +161,8 @@ async def replay(url: str, reqs: list[Request]) -> tuple[list[tuple[float, int, 
 
 def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[list[int]], reqs: list[Request],
                log_dir: Path) -> dict:
+    """One server: start, warm-up, then the window measured (none when ``reqs`` is empty: a
+    priming run, only its warm-up's time and usage returned)."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port), "--mode", "colocated",
@@ -160,17 +170,24 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
            "--chunked-prefill-size", "512", "--max-running-requests", "64", "--dtype", "float32"]
     if not cache:
         cmd.append("--disable-radix-cache")
-    log = open(log_dir / f"server_{'on' if cache else 'off'}.log", "wb")
+    log = open(log_dir / f"server{len(list(log_dir.iterdir()))}_{'on' if cache else 'off'}.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    boot = snapshot(proc.pid)
     url = f"http://127.0.0.1:{port}"
     try:
         if not wait_healthy(url, proc, 300):
             raise SystemExit(f"server did not start; see {log.name}")
+        u0 = snapshot(proc.pid)
+        usage_start = u0.since(boot)
         t = time.monotonic()
         asyncio.run(warm_up(url, warm, a.warm_concurrency))
         warm_s, t = time.monotonic() - t, time.monotonic()
+        u1, steps0 = snapshot(proc.pid), step_seconds(url)
+        if not reqs:
+            return {"cache": cache, "warm_s": warm_s, "usage_start": usage_start, "usage_warm": u1.since(u0)}
         res, (busy, slowest_poll) = asyncio.run(replay(url, reqs))
         wall = time.monotonic() - t
+        u2, steps1 = snapshot(proc.pid), step_seconds(url)
         load = httpx.get(url + "/get_load", timeout=30).json()
         load = load[0] if isinstance(load, list) else load
     finally:
@@ -181,8 +198,16 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
     return {"cache": cache, "hit_rate": sum(r[1] for r in res) / sum(r[2] for r in res),
             "hit_rate_with_warm": float(load.get("cache_hit_rate", 0.0)),
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p90_s": float(np.percentile(ttft, 90)),
-            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": busy / wall, "load": busy / span,
-            "slowest_load_poll_s": slowest_poll, "ttft_s": ttft.round(3).tolist()}
+            # busy and load from the engine's own step seconds (/metrics): the /get_load polls
+            # (busy_s) lose seconds whenever a poll answers late
+            "wall_s": wall, "warm_s": warm_s, "busy_s": busy, "busy_share": (steps1 - steps0) / wall,
+            "load": (steps1 - steps0) / span, "slowest_load_poll_s": slowest_poll, "step_s": steps1 - steps0,
+            "usage_start": usage_start, "usage_warm": u1.since(u0), "usage_window": u2.since(u1), "ttft_s": ttft.round(3).tolist()}
+
+
+def step_seconds(url: str) -> float:
+    """The engine's stepping seconds so far (every step's wall time, /metrics)."""
+    return metric_sum(httpx.get(url + "/metrics", timeout=30).text, "sglang:engine_step_seconds_sum")
 
 
 def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float, float | None]:
@@ -215,6 +240,27 @@ def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float, float | None]:
     return ceiling, model, float(m.group(1)) / 100
 
 
+def parse_order(spec: str | None, off_first: bool) -> list[bool]:
+    """The servers to run, in order, as cache on (True) / off (False): ``--order`` is a comma
+    list of on/off; without it ``on,off,off,on`` (with ``--off-first`` ``off,on,on,off``): each
+    side once early and once late, so that a drift of the machine's speed over the run falls on
+    both sides alike."""
+    if spec is None:
+        return [False, True, True, False] if off_first else [True, False, False, True]
+    names = [x.strip() for x in spec.split(",")]
+    if not names or any(n not in ("on", "off") for n in names):
+        raise SystemExit(f"--order takes a comma list of on/off, not {spec!r}")
+    return [n == "on" for n in names]
+
+
+def pooled(runs: list[dict]) -> tuple[float, float] | None:
+    """TTFT p50 and p90 over every request of ``runs`` together (None without runs)."""
+    if not runs:
+        return None
+    ttft = np.concatenate([np.asarray(r["ttft_s"], dtype=float) for r in runs])
+    return float(np.percentile(ttft, 50)), float(np.percentile(ttft, 90))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=TRACE)
@@ -226,11 +272,18 @@ def main() -> None:
     p.add_argument("--block-tokens", type=int, default=4, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
-    p.add_argument("--off-first", action="store_true", help="run the cache-off server first")
+    p.add_argument("--off-first", action="store_true", help="order off,on,on,off instead of on,off,off,on")
+    p.add_argument("--order", default=None, help="servers in order, a comma list of on/off (overrides --off-first)")
+    p.add_argument("--prime-requests", type=int, default=None,
+                   help="first run an unmeasured server through this many warm-up prompts (default: all of "
+                        "--warm-requests; 0: no priming run)")
     p.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     a = p.parse_args()
     if a.warm_requests < 0 or a.num_requests < 2 or a.warm_concurrency < 1 or a.qps <= 0:
         p.error("need --warm-requests >= 0, --num-requests >= 2, --warm-concurrency >= 1, --qps > 0")
+    a.prime_requests = a.warm_requests if a.prime_requests is None else a.prime_requests
+    if not 0 <= a.prime_requests <= a.warm_requests:
+        p.error("need 0 <= --prime-requests <= --warm-requests")
     warm, reqs = build_requests(a)
     ceiling, sim, sim_full = sim_hit_rates(a)
     print(f"Mooncake conversation trace: warm-up = requests 1-{a.warm_requests} (prefill only, untimed), "
@@ -243,22 +296,40 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "sglang_pd.tools.make_dummy_config", "smollm2-135m", model_dir],
                        check=True, capture_output=True)
         log_dir = Path(tempfile.mkdtemp(prefix="prefix_replay_"))
-        order = (False, True) if a.off_first else (True, False)  # alternate to see machine drift
-        runs = [run_server(a, model_dir, c, warm, reqs, log_dir) for c in order]
+        order = parse_order(a.order, a.off_first)
+        if a.prime_requests:
+            # a first server runs slower on this host (see docs/prefix_cache.md): spend that on
+            # a run nobody measures
+            prime = run_server(a, model_dir, order[0], warm[:a.prime_requests], [], log_dir)
+            print(f"  primed: a cache-{'on' if order[0] else 'off'} server, {a.prime_requests} warm-up "
+                  f"prompts in {prime['warm_s']:.1f} s, server CPU {prime['usage_warm']['server_cpu_s']:.1f} s "
+                  f"(not measured)", flush=True)
+        runs = []
+        for c in order:
+            runs.append(run_server(a, model_dir, c, warm, reqs, log_dir))
+            r = runs[-1]
+            print(f"  done: cache {'on' if c else 'off'}, TTFT p50 {r['ttft_p50_s']:.3f} s, warm-up {r['warm_s']:.1f} s "
+                  f"(server CPU {r['usage_warm']['server_cpu_s']:.1f} s), usage over the window "
+                  f"{json.dumps({k: round(v, 1) for k, v in r['usage_window'].items()})}", flush=True)
     print(f"server logs in {log_dir}; busy = engine stepping s / window wall, load = stepping s / arrival span")
     print(f"{'cache':>6} {'hit rate':>9} {'TTFT p50 s':>11} {'TTFT p90 s':>11} {'wall s':>7} {'busy':>5} "
-          f"{'load':>5} {'warm-up s':>9}")
+          f"{'load':>5} {'warm-up s':>9} {'step s':>7} {'srv cpu':>7} {'cli cpu':>7} {'other':>6} {'majflt':>6}")
     for r in runs:
+        u = r["usage_window"]
         print(f"{'on' if r['cache'] else 'off':>6} {r['hit_rate']:>9.1%} {r['ttft_p50_s']:>11.3f} "
               f"{r['ttft_p90_s']:>11.3f} {r['wall_s']:>7.1f} {r['busy_share']:>5.2f} {r['load']:>5.2f} "
-              f"{r['warm_s']:>9.1f}")
-    on, off = sorted(runs, key=lambda r: not r["cache"])
-    print(f"TTFT p50 off/on: {off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x, p90 off/on: "
-          f"{off['ttft_p90_s'] / on['ttft_p90_s']:.2f}x")
+              f"{r['warm_s']:>9.1f} {r['step_s']:>7.1f} {u['server_cpu_s']:>7.1f} {u['client_cpu_s']:>7.1f} "
+              f"{u['other_cpu_s']:>6.1f} {u['server_major_faults']:>6.0f}")
+    on = pooled([r for r in runs if r["cache"]])
+    off = pooled([r for r in runs if not r["cache"]])
+    if on and off:
+        print(f"TTFT p50 off/on: {off[0] / on[0]:.2f}x, p90 off/on: {off[1] / on[1]:.2f}x"
+              f" (each side's runs pooled)")
+    hit = next((r for r in runs if r["cache"]), runs[0])
     full = "n/a (window longer than the warm-up)" if sim_full is None else \
-        f"{sim_full:.1%} ({100 * (sim_full - on['hit_rate']):+.1f} points)"
-    print(f"window hit rate: engine {on['hit_rate']:.1%} (meta_info cached_tokens; with the warm-up "
-          f"{on['hit_rate_with_warm']:.1%}); simulator's cache model {sim:.1%} ({100 * (sim - on['hit_rate']):+.1f} "
+        f"{sim_full:.1%} ({100 * (sim_full - hit['hit_rate']):+.1f} points)"
+    print(f"window hit rate: engine {hit['hit_rate']:.1%} (meta_info cached_tokens; with the warm-up "
+          f"{hit['hit_rate_with_warm']:.1%}); simulator's cache model {sim:.1%} ({100 * (sim - hit['hit_rate']):+.1f} "
           f"points); whole simulator (lookup at arrival only) {full}")
     if a.out:
         a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "runs": runs,

@@ -82,3 +82,21 @@ def test_replay_hit_rate_bounded_cache_evicts_the_warm_up() -> None:
     assert replay_hit_rate(warm, window, 3 * 512) == pytest.approx(512 / 3072)
     assert replay_hit_rate(warm, window, 6 * 512) == pytest.approx(2048 / 3072)
     assert replay_hit_rate([], window) == 0.0
+
+
+def test_order_is_a_list_of_on_off_and_defaults_to_each_side_early_and_late() -> None:
+    assert bpr.parse_order(None, False) == [True, False, False, True]
+    assert bpr.parse_order(None, True) == [False, True, True, False]
+    assert bpr.parse_order("on,off,off,on", True) == [True, False, False, True]  # --order wins
+    for bad in ("on,of", "", "on,,off"):
+        with pytest.raises(SystemExit):
+            bpr.parse_order(bad, False)
+
+
+def test_pooled_percentiles_cover_every_run_of_a_side() -> None:
+    runs = [{"ttft_s": [1.0, 2.0, 3.0]}, {"ttft_s": [4.0, 5.0]}]
+    res = bpr.pooled(runs)
+    assert res is not None
+    p50, p90 = res
+    assert p50 == pytest.approx(3.0) and p90 == pytest.approx(np.percentile([1, 2, 3, 4, 5], 90))
+    assert bpr.pooled([]) is None
