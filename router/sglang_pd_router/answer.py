@@ -102,16 +102,19 @@ async def open_stream(request: web.Request, head: DecodeHead, *, with_first_writ
 
 async def answer_stream(request: web.Request, head: DecodeHead) -> web.StreamResponse:
     out = await open_stream(request, head, with_first_write=True)
-    await out.write(head.first)
+    resp = head.resp
+    chunk = head.first
     try:
-        async for chunk in head.resp.content.iter_any():
+        # each chunk is written as it comes, but the last one (decode's answer has ended
+        # with it) leaves with the stream's end below: one write and one client wake-up fewer
+        while not resp.ended:
             await out.write(chunk)
+            chunk = await resp.readany()
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
         # decode went away mid-stream: bytes were sent, so no retry; end with an error
         logger.warning("decode stream broke off: %r", e)
-        await out.write(b"data: " + error_body(502, f"decode connection lost: {e!r}")
-                        + b"\n\n")
-    await out.write_eof()
+        chunk = b"data: " + error_body(502, f"decode connection lost: {e!r}") + b"\n\n"
+    await out.write_eof(chunk)
     return out
 
 
