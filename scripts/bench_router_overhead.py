@@ -28,7 +28,10 @@ overhead bars (added first-byte p99, max req/s).
 
 The router process is pinned to one core (``taskset -c 0``) and the stubs and client to the
 other when the machine has two or more. Numbers are noisy on a shared machine: say so when
-quoting them. Example: ``python scripts/bench_router_overhead.py --runs 3``.
+quoting them. Example: ``python scripts/bench_router_overhead.py --runs 3``. ``--ours-from PATH``
+adds our router from another checkout (a ``git worktree`` of main, say) as a third router,
+``base``, measured in the same rounds and rotation: the A/B of a change to our router's hot
+path, with the ours/base ratios printed at the end of each run.
 """
 
 from __future__ import annotations
@@ -95,18 +98,28 @@ def start_stub(first_ms: float, core: int | None) -> Proc:
     return Proc(f"stub({first_ms}ms)", proc, f"http://127.0.0.1:{line.split('=')[1].strip()}")
 
 
-def start_router(kind: str, prefill: str, decode: str, core: int | None, log_dir: str) -> Proc:
+def start_router(kind: str, prefill: str, decode: str, core: int | None, log_dir: str,
+                 ours_from: str | None = None) -> Proc:
+    """``kind``: ours, smg, or base (ours from the checkout ``ours_from``: an A/B of two
+    versions of our router in one run, e.g. ``--ours-from /tmp/main-worktree``)."""
     port = free_port()
+    env = None
+    if kind == "base":
+        assert ours_from, "the base router needs --ours-from"
+        root = os.path.abspath(ours_from)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.join(root, "router"), os.path.join(root, "python"),
+             os.environ.get("PYTHONPATH", "")])}
     common = ["--pd-disaggregation", "--prefill", prefill, "8998", "--decode", decode,
               "--host", "127.0.0.1", "--port", str(port), "--prefill-policy", "round_robin",
               "--decode-policy", "round_robin"]
-    if kind == "ours":
+    if kind in ("ours", "base"):
         cmd = [sys.executable, "-m", "sglang_pd_router", *common, "--pool-controller", "off",
                "--log-level", "warning", "--max-concurrent-requests", "4096"]
     else:
         cmd = [sys.executable, "-m", "smg.launch_router", *common, "--log-level", "warn"]
     log = open(os.path.join(log_dir, f"{kind}_{port}.log"), "wb")
-    proc = subprocess.Popen(pinned(cmd, core), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(pinned(cmd, core), stdout=log, stderr=subprocess.STDOUT, env=env)
     return Proc(kind, proc, f"http://127.0.0.1:{port}")
 
 
@@ -372,6 +385,8 @@ async def bench(args: argparse.Namespace) -> None:
     decode = start_stub(0, other_core)
     procs = [fast_prefill, late_prefill, decode]
     kinds = [k for k in args.routers if k != "smg" or _has_smg()]
+    if args.ours_from:
+        kinds.append("base")
     if len(kinds) < len(args.routers):
         print("smg is not installed (pip install smg): skipped")
     connector = aiohttp.TCPConnector(limit=0)
@@ -380,8 +395,8 @@ async def bench(args: argparse.Namespace) -> None:
             await wait_ready(client, decode)
             shadow = None if args.baseline == "decode" else PrefillShadow(fast_prefill.url)
             direct = Target("direct (baseline)", decode.url, shadow)
-            routers = {k: start_router(k, fast_prefill.url, decode.url, router_core, log_dir)
-                       for k in kinds}  # both up at once, idle while the other is measured
+            routers = {k: start_router(k, fast_prefill.url, decode.url, router_core, log_dir,
+                                       args.ours_from) for k in kinds}  # both up at once, idle while the other is measured
             procs.extend(routers.values())
             targets = [direct]
             for kind, router in routers.items():
@@ -415,7 +430,7 @@ async def bench(args: argparse.Namespace) -> None:
                 late_samples = None
                 if t.name in routers:
                     late = start_router(t.name, late_prefill.url, decode.url, router_core,
-                                        log_dir)
+                                        log_dir, args.ours_from)
                     procs.append(late)
                     await wait_ready(client, late)
                     late_samples = Samples()
@@ -478,6 +493,15 @@ def print_table(rows: list[Row], base: Samples, busy: tuple[float, float],
         print(f"ours/smg: added first p99 {p99[0]:.2f}/{p99[1]:.2f} ms = {ratio:.2f}x "
               f"(bar: under 2 ms and at most 1.5x); max req/s {ours.rps / smg.rps:.2f}x "
               f"(bar: at least 0.9x); cpu/request {cpu_ratio:.2f}x")
+    if "ours" in by_name and "base" in by_name:
+        ours, old = by_name["ours"], by_name["base"]
+        p50 = [(pct(x.samples.first, 50) - pct(base.first, 50)) * ms for x in (ours, old)]
+        p99 = [(pct(x.samples.first, 99) - pct(base.first, 99)) * ms for x in (ours, old)]
+        print(f"ours/base (--ours-from {args.ours_from}): added first p50 {p50[0]:.2f}/"
+              f"{p50[1]:.2f} ms, p99 {p99[0]:.2f}/{p99[1]:.2f} ms; max req/s "
+              f"{ours.rps / old.rps:.2f}x; cpu/request one at a time "
+              f"{(ours.seq_cpu_us or 0.0) / (old.seq_cpu_us or float('nan')):.2f}x, in the max "
+              f"phase {(ours.cpu_us or 0.0) / (old.cpu_us or float('nan')):.2f}x")
     print(f"(baseline absolute: first p50 {pct(base.first, 50) * ms:.2f} ms, "
           f"p99 {pct(base.first, 99) * ms:.2f} ms; added = router percentile - baseline's)")
 
@@ -499,6 +523,10 @@ def main() -> None:
     p.add_argument("--late-ms", type=float, default=500.0)
     p.add_argument("--late-requests", type=int, default=10)
     p.add_argument("--routers", nargs="+", default=["ours", "smg"], choices=["ours", "smg"])
+    p.add_argument("--ours-from", metavar="PATH",
+                   help="also run our router from the checkout at PATH (its router/ and "
+                   "python/ first on PYTHONPATH) as 'base', interleaved with the others in "
+                   "every phase: an A/B of two versions in one run")
     p.add_argument("--baseline", choices=["pair", "decode"], default="pair",
                    help="pair: each direct request also sends the prefill stub the same request "
                    "(a router's prefill leg), so the stubs' core does the same work in every "

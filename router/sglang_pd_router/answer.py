@@ -77,8 +77,22 @@ async def answer_whole(head: DecodeHead, p_task: asyncio.Future, body: dict[str,
                         content_type=head.resp.content_type or "application/json")
 
 
-async def open_stream(request: web.Request, head: DecodeHead) -> web.StreamResponse:
-    out = web.StreamResponse(status=200, headers={
+class _CoalescedStream(web.StreamResponse):
+    """A stream whose status line and headers leave with its first body write (aiohttp keeps
+    them buffered until then when this class attribute is False, as its ``web.Response``
+    does): one socket write and one client wake-up fewer on the first byte's path. Used where
+    the first body bytes are written at once (``answer_stream``). On an aiohttp without the
+    attribute it is ignored and the headers go out at ``prepare``, as before."""
+
+    _send_headers_immediately = False
+
+
+async def open_stream(request: web.Request, head: DecodeHead, *, with_first_write: bool = False
+                      ) -> web.StreamResponse:
+    """The client's stream, prepared; ``with_first_write``: its head leaves with the first body
+    write (the caller writes at once), else at once."""
+    cls = _CoalescedStream if with_first_write else web.StreamResponse
+    out = cls(status=200, headers={
         "Content-Type": head.resp.headers.get("content-type", "text/event-stream"),
         "Cache-Control": "no-cache"})
     await out.prepare(request)
@@ -87,17 +101,20 @@ async def open_stream(request: web.Request, head: DecodeHead) -> web.StreamRespo
 
 
 async def answer_stream(request: web.Request, head: DecodeHead) -> web.StreamResponse:
-    out = await open_stream(request, head)
-    await out.write(head.first)
+    out = await open_stream(request, head, with_first_write=True)
+    resp = head.resp
+    chunk = head.first
     try:
-        async for chunk in head.resp.content.iter_any():
+        # each chunk is written as it comes, but the last one (decode's answer has ended
+        # with it) leaves with the stream's end below: one write and one client wake-up fewer
+        while not resp.ended:
             await out.write(chunk)
+            chunk = await resp.readany()
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
         # decode went away mid-stream: bytes were sent, so no retry; end with an error
         logger.warning("decode stream broke off: %r", e)
-        await out.write(b"data: " + error_body(502, f"decode connection lost: {e!r}")
-                        + b"\n\n")
-    await out.write_eof()
+        chunk = b"data: " + error_body(502, f"decode connection lost: {e!r}") + b"\n\n"
+    await out.write_eof(chunk)
     return out
 
 

@@ -18,6 +18,7 @@ from . import aio
 from .admission import Admission, QueueFull
 from .classify import BatchNotSupported, InvalidPrompt, LengthEstimator, prompt_parts
 from .config import RouterConfig
+from .idle_gc import IdleCollector
 from .guard import HOP_HEADER, THREAD_PARSE_BYTES, ClientError, Guard
 from .limits import INLINE_TOKENIZE_CHARS, MAX_BODY_BYTES, MAX_CHARS_PER_TOKEN
 from .metrics import RouterMetrics
@@ -64,6 +65,9 @@ class RouterService:
                                    cfg.queue_timeout_s, self.metrics.queued.set)
         self.queue_order = create_queue_order(cfg.queue_order)  # fifo | edf (Dynamo's)
         self._arrivals = itertools.count()
+        # young-generation collections in idle moments, off the requests' path (idle_gc.py)
+        self.idle_gc = IdleCollector(lambda: self.admission.active > 0
+                                     or self.admission.waiting > 0)
         self.session: aiohttp.ClientSession | None = None
         self.dispatcher: Dispatcher | None = None
         self.monitor: WorkerMonitor | None = None
@@ -107,6 +111,7 @@ class RouterService:
         self.monitor.start()
 
     async def stop(self, _app: web.Application | None = None) -> None:
+        self.idle_gc.close()
         if self.monitor is not None:
             await self.monitor.stop()
         if self.dispatcher is not None:
@@ -217,6 +222,7 @@ class RouterService:
         finally:
             self.metrics.in_flight.dec()
             self.admission.release()
+            self.idle_gc.request_ended()
         return self._answer(path, cls, resp)
 
     async def _timed_out(self, request: web.Request) -> web.StreamResponse:

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 from .aio import timeout
 from .leg_conn import PAUSE_BYTES, LegError, LegLimits, LegResponse, _Conn
 
-__all__ = ["PAUSE_BYTES", "LegClient", "LegError", "LegLimits", "LegResponse", "header_block"]
+__all__ = ["PAUSE_BYTES", "LegClient", "LegError", "LegLimits", "LegResponse", "LegStart",
+           "header_block"]
 
 
 class _Pool:
@@ -85,16 +86,40 @@ class LegClient:
                                         f"Host: {netloc}\r\n".encode("latin-1"))
         return found
 
-    async def post(self, url: str, path: str, body: bytes, headers: bytes) -> LegResponse:
-        pool, host_line = self._pool(url)
-        loop = asyncio.get_running_loop()
+    def start(self, url: str, path: str, body: bytes, headers: bytes,
+              loop: asyncio.AbstractEventLoop) -> LegStart:
+        """Builds the request and, when a kept-alive connection is idle, writes it now, in the
+        caller's step: the worker gets it before the caller's task yields, instead of on the
+        next loop turn when the leg's task first runs (its share of the first byte's path).
+        ``finish`` reads the answer (or connects and writes first, when none was idle)."""
+        try:
+            pool, host_line = self._pool(url)
+        except LegError as e:  # raised by ``finish``, in the leg's task, as it was before
+            failed = LegStart(None, b"", None)
+            failed.error = e
+            return failed
         request = b"".join((b"POST ", path.encode("latin-1"), b" HTTP/1.1\r\n", host_line,
                             b"Content-Length: ", str(len(body)).encode(), b"\r\n", headers,
                             b"\r\n", body))
-        conn = pool.get_idle()
+        started = LegStart(pool, request, pool.get_idle())
+        if started.conn is not None:
+            try:
+                started.conn.send(request, loop)
+            except (RuntimeError, OSError) as e:  # raised in the leg's task by ``finish``
+                started.conn.close()
+                started.error = e
+        return started
+
+    async def finish(self, started: LegStart) -> LegResponse:
+        started.taken = True
+        pool, request, conn = started.pool, started.request, started.conn
+        if started.error is not None:
+            raise started.error
+        assert pool is not None
+        loop = asyncio.get_running_loop()
         if conn is not None:
             try:
-                return await self._exchange(conn, pool, request, loop)
+                return await self._answer(conn, pool)
             except LegError:
                 # a kept-alive connection the worker closed as we reused it (nothing came
                 # back, so the worker never read the request): once more on a new one
@@ -102,11 +127,24 @@ class LegClient:
                     raise
         return await self._exchange(await pool.connect(loop), pool, request, loop)
 
-    @staticmethod
-    async def _exchange(conn: _Conn, pool: _Pool, request: bytes,
+    async def post(self, url: str, path: str, body: bytes, headers: bytes) -> LegResponse:
+        return await self.finish(self.start(url, path, body, headers,
+                                            asyncio.get_running_loop()))
+
+    @classmethod
+    async def _exchange(cls, conn: _Conn, pool: _Pool, request: bytes,
                         loop: asyncio.AbstractEventLoop) -> LegResponse:
         try:
             conn.send(request, loop)
+        except BaseException:
+            conn.close()
+            raise
+        return await cls._answer(conn, pool)
+
+    @staticmethod
+    async def _answer(conn: _Conn, pool: _Pool) -> LegResponse:
+        """The response's head, on a connection whose request was written."""
+        try:
             while not conn.head_done:
                 await conn.wait()
         except BaseException:
@@ -118,6 +156,26 @@ class LegClient:
         for pool, _ in self._pools.values():
             pool.close()
         self._pools.clear()
+
+
+class LegStart:
+    """A leg's request, built (and written when a connection was idle) by ``LegClient.start``;
+    ``LegClient.finish`` takes it over. One never taken over (its task cancelled before it
+    ran) must be ``drop``ped, so its written request does not wait for the read timer."""
+
+    __slots__ = ("pool", "request", "conn", "taken", "error")
+
+    def __init__(self, pool: _Pool | None, request: bytes, conn: _Conn | None) -> None:
+        self.pool = pool
+        self.request = request
+        self.conn = conn  # None: no idle connection, ``finish`` connects
+        self.taken = False
+        self.error: Exception | None = None  # writing on the idle connection failed
+
+    def drop(self) -> None:
+        if not self.taken and self.conn is not None:
+            self.taken = True
+            self.conn.close()  # aborts the request at the worker
 
 
 def header_block(headers: dict[str, str]) -> bytes:

@@ -224,6 +224,12 @@ class LegResponse:
         return "application/octet-stream"
 
     @property
+    def ended(self) -> bool:
+        """The whole body arrived and was read: ``readany`` would return b"" at once."""
+        conn = self._conn
+        return conn.complete and not conn.chunks
+
+    @property
     def content(self) -> LegResponse:  # aiohttp's spelling: ``resp.content.readany()``
         return self
 

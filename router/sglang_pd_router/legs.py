@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from .answer import DecodeHead, LegResult
-from .leg_client import LegClient
+from .leg_client import LegClient, LegStart
 from .workers import Worker
 
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
@@ -50,12 +50,17 @@ class Legs:
     first_byte_timeout_s: float
     probe_timeout_s: float
 
-    async def prefill(self, worker: Worker, path: str, data: bytes, headers: bytes,
-                      tokens: int) -> LegResult:
+    def start(self, worker: Worker, path: str, data: bytes, headers: bytes,
+              loop: asyncio.AbstractEventLoop) -> LegStart:
+        """The leg's request, written now when a connection to ``worker`` is idle (see
+        ``LegClient.start``); ``prefill`` or ``decode_head`` takes it over in the leg's task."""
+        return self.client.start(worker.url, path, data, headers, loop)
+
+    async def prefill(self, worker: Worker, started: LegStart, tokens: int) -> LegResult:
         worker.in_flight += 1
         worker.outstanding_prefill_tokens += tokens
         try:
-            resp = await self.client.post(worker.url, path, data, headers)
+            resp = await self.client.finish(started)
             try:
                 result = LegResult(resp.status, await resp.read())
             except BaseException:
@@ -67,9 +72,8 @@ class Legs:
             worker.in_flight -= 1
             worker.outstanding_prefill_tokens -= tokens
 
-    async def decode_head(self, worker: Worker, path: str, data: bytes, headers: bytes,
-                          stream: bool) -> DecodeHead:
-        resp = await self.client.post(worker.url, path, data, headers)
+    async def decode_head(self, started: LegStart, stream: bool) -> DecodeHead:
+        resp = await self.client.finish(started)
         try:
             if stream and resp.status == 200:
                 first = await resp.content.readany()

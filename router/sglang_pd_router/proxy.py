@@ -195,13 +195,20 @@ class Dispatcher:
         # queued work charged to the prefill: the prompt less what its policy expects cached
         tokens = max(route_req.prompt_len - route_req.cached_len - hit, 0)
         loop = asyncio.get_running_loop()  # create_task: ensure_future's checks cost per leg
-        if prefill is None:  # prefilled on decode: no prefill leg (an answered one stands in)
+        # both requests are written here, before the legs' tasks first run (a loop turn
+        # later), when a kept-alive connection is idle (LegClient.start): prefill first, as
+        # decode's KV comes from it
+        p_start = None if prefill is None else self.legs.start(prefill, path, data, headers,
+                                                               loop)
+        d_start = self.legs.start(decode, path, data, headers, loop)
+        if prefill is None or p_start is None:  # prefilled on decode: no prefill leg
+            # (an answered one stands in)
             p_task: asyncio.Future = loop.create_future()
             p_task.set_result(LegResult(200, b"{}"))
         else:
-            p_task = loop.create_task(self.legs.prefill(prefill, path, data, headers, tokens))
+            p_task = loop.create_task(self.legs.prefill(prefill, p_start, tokens))
         decode.in_flight += 1
-        d_task = loop.create_task(self.legs.decode_head(decode, path, data, headers, stream))
+        d_task = loop.create_task(self.legs.decode_head(d_start, stream))
         if prefill is None:  # decode's own prefill queue, current between its /get_load polls
             decode.outstanding_prefill_tokens += tokens
             d_task.add_done_callback(lambda _t: _add_tokens(decode, -tokens))
@@ -258,6 +265,9 @@ class Dispatcher:
                 head.resp.release() if answered else head.resp.close()
             if not d_task.done():
                 d_task.cancel()
+            d_start.drop()  # closes its connection only if its task never ran
+            if p_start is not None:
+                p_start.drop()
             if p_task.done():
                 swallow(p_task)
             elif answered:  # prefill finishes on its own; keep a reference till then

@@ -361,3 +361,60 @@ def test_header_block_refuses_injection() -> None:
     for bad in ({"A": "1\r\nEvil: 1"}, {"A\n": "1"}, {"": "1"}, {"A:B": "1"}):
         with pytest.raises(ValueError):
             header_block(bad)
+
+
+def test_start_writes_on_an_idle_connection_before_any_await() -> None:
+    """``start`` sends the request at once on a kept-alive connection (the worker reads it
+    while the caller has not yielded yet); ``finish`` reads the answer on it."""
+    async def main() -> None:
+        srv = Server(fixed(OK))
+        async with srv as url:
+            client = LegClient()
+            resp = await client.post(url, "/generate", b"{}", b"")  # one kept-alive conn
+            await resp.read()
+            resp.release()
+            loop = asyncio.get_running_loop()
+            started = client.start(url, "/generate", b'{"a":1}', b"", loop)
+            assert started.conn is not None  # written already, on the idle connection
+            await asyncio.sleep(0.2)  # nobody has awaited the answer yet: the worker got it
+            assert srv.bodies[-1] == b'{"a":1}'
+            resp = await client.finish(started)
+            assert await resp.read() == b'{"ok":true}'
+            resp.release()
+            await client.close()
+        assert srv.connections == 1
+    run(main)
+
+
+def test_a_started_leg_never_taken_over_is_dropped() -> None:
+    """A leg whose task was cancelled before it ran: ``drop`` closes its connection, which the
+    worker sees as the request's end (no wait for the read timer)."""
+    async def main() -> None:
+        seen_eof = asyncio.Event()
+
+        async def first_ok_then_wait(r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                                     n: int) -> bool:
+            if n == 1:
+                w.write(OK)
+                await w.drain()
+                return True
+            await r.read()  # returns at EOF: the client dropped the request
+            seen_eof.set()
+            return False
+
+        async with Server(first_ok_then_wait) as url:
+            client = LegClient()
+            resp = await client.post(url, "/generate", b"{}", b"")
+            await resp.read()
+            resp.release()
+            started = client.start(url, "/generate", b"{}", b"", asyncio.get_running_loop())
+            task = asyncio.get_running_loop().create_task(client.finish(started))
+            task.cancel()  # before its first step: finish never runs
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not started.taken
+            started.drop()
+            await asyncio.wait_for(seen_eof.wait(), 5)
+            started.drop()  # idempotent
+            await client.close()
+    run(main)
