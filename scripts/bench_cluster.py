@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, table
+from sglang_pd.bench.host_usage import metric_samples
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,12 +206,10 @@ def parse_step_metrics(text: str) -> dict[str, dict[str, float]]:
     """Per step mode (extend | decode | mixed): the engine's step count and seconds summed,
     from a server's /metrics text (``sglang:engine_step_seconds``, frontend/metrics.py)."""
     out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        for suffix, key in (("_count", "steps"), ("_sum", "seconds")):
-            head = f"sglang:engine_step_seconds{suffix}{{"
-            if line.startswith(head) and 'mode="' in line:
-                mode = line.split('mode="', 1)[1].split('"', 1)[0]
-                out.setdefault(mode, {"steps": 0.0, "seconds": 0.0})[key] += float(line.rsplit(" ", 1)[1])
+    for suffix, key in (("_count", "steps"), ("_sum", "seconds")):
+        for labels, value in metric_samples(text, f"sglang:engine_step_seconds{suffix}"):
+            if "mode" in labels:
+                out.setdefault(labels["mode"], {"steps": 0.0, "seconds": 0.0})[key] += value
     return out
 
 

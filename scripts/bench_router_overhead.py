@@ -43,7 +43,6 @@ import importlib.util
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,13 +52,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from sglang_pd.utils.server_procs import free_port
+
 BODY = {"text": "hello router", "sampling_params": {"max_new_tokens": 4}, "stream": True}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pinned(cmd: list[str], core: int | None) -> list[str]:

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -93,10 +95,14 @@ def snapshot(server_sid: int) -> Usage:
     return Usage(time.monotonic(), busy, cpu, major, minor, rss, huge, time.process_time())
 
 
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample named exactly ``name`` in a Prometheus text page (a histogram's ``_sum``,
+    say), with its labels: the one reader of the servers' /metrics for the benchmarks
+    (prometheus_client's parser)."""
+    return [(s.labels, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == name]
+
+
 def metric_sum(text: str, name: str) -> float:
     """Sum of a Prometheus sample over all its label sets (e.g. a histogram's ``_sum``)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
-            total += float(line.rsplit(None, 1)[1])
-    return total
+    return sum(value for _, value in metric_samples(text, name))
