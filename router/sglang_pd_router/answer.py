@@ -109,12 +109,19 @@ async def answer_stream(request: web.Request, head: DecodeHead) -> web.StreamRes
         # with it) leaves with the stream's end below: one write and one client wake-up fewer
         while not resp.ended:
             await out.write(chunk)
-            chunk = await resp.readany()
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-        # decode went away mid-stream: bytes were sent, so no retry; end with an error
-        logger.warning("decode stream broke off: %r", e)
-        chunk = b"data: " + error_body(502, f"decode connection lost: {e!r}") + b"\n\n"
-    await out.write_eof(chunk)
+            try:
+                chunk = await resp.readany()
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                # decode went away mid-stream: bytes were sent, so no retry; end with an error
+                logger.warning("decode stream broke off: %r", e)
+                chunk = b"data: " + error_body(502, f"decode connection lost: {e!r}") + b"\n\n"
+                break
+        await out.write_eof(chunk)
+    except ConnectionResetError:
+        # a write met the client's closed socket: it left, often right after reading
+        # "[DONE]" while decode's stream had not ended yet (bench_serving does so); nothing
+        # to answer, and not a router failure (the legs are released by the dispatcher)
+        logger.debug("client left mid-stream: %s %s", request.method, request.path)
     return out
 
 
