@@ -20,6 +20,12 @@ rules, restated for that:
   step ends, unless it is fresh and the partial bound is reached: then it is skipped, and
   from there on a fresh request goes only whole within what is left (the tail: ``_tail``).
 - A request with nothing to prefill (0 tokens) ends the walk at its turn.
+Two options for the baselines' own rules (issue 34's policies, issue 28's bar): ``max_tokens``
+caps every request's grant (``budget.grant``'s ``max_tokens``: vLLM's long-prefill threshold
+acts as a smaller chunk), and ``passing=False`` makes the walk strict first come first served
+(vLLM's waiting queue): the first request the rules above would skip (no slot, or one more
+partly prefilled one past the bound) ends the walk instead, so the plan is a prefix of the
+order and there is no tail.
 The order is read a block at a time (``Order.head``; the first block sized from the budget),
 the tail over the requests the rules still allow (``Order.after``: only those are sorted).
 KV admission is asked afterwards, in plan order, through ``budget.grant_run``, which cuts the
@@ -56,16 +62,20 @@ Piece = np.ndarray | list[int]  # a piece of the plan: a block's, or a Python wa
 
 
 def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: int,
-                 cut: Cut | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 cut: Cut | None = None, max_tokens: int | None = None,
+                 passing: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The walk without ``fits`` or a chunker, before KV admission: the queue positions granted
     and their tokens, in plan order (module docstring), cut by ``cut``. ``budget`` is read,
-    not spent."""
+    not spent. ``max_tokens``: the most any one request is granted; ``passing=False``: the
+    first request the rules skip ends the walk (module docstring)."""
     tokens, chunk, slots = budget.token_budget, budget.chunk_size, budget.new_req_slots
+    if max_tokens is not None and max_tokens < chunk:
+        chunk = max_tokens  # (what ``budget.grant(req, max_tokens)`` gives: the lesser of both)
     n = order.n
     if tokens <= 0 or chunk <= 0 or n == 0:
         return _NO_POS, _NO_TOKENS  # every request would get 0 tokens: the walk ends at once
     if cut is not None and n > CUT_FIRST:
-        early = _cut_early(q, order, tokens, chunk, slots, max_partial, cut)
+        early = _cut_early(q, order, tokens, chunk, slots, max_partial, cut, passing)
         if early is not None:
             return early
     rem_all, fresh_all = q.rem, q.fresh
@@ -102,12 +112,12 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
         got: list[int] = []
         got_n: list[int] = []
         done, tokens, slots, partial = _pass(seg, r, fresh_all, tokens, slots, partial, q.n_started,
-                                             chunk, max_partial, got, got_n)
+                                             chunk, max_partial, got, got_n, passing)
         _add(pos, ns, got, got_n)
         if done or read >= n:
             read = n
-        elif slots <= 0 or (partial >= max_partial and tokens < chunk):  # fresh ones go only
-            tail = (read, tokens, slots)  # whole within less than a chunk, or not at all
+        elif passing and (slots <= 0 or (partial >= max_partial and tokens < chunk)):  # fresh ones
+            tail = (read, tokens, slots)  # go only whole within less than a chunk, or not at all
             read = n
         else:  # next block: what the tokens left take at this block's mean size, twice over
             size = 2 * tokens * m // max(sum(got_n), 1) + MIN_BLOCK
@@ -150,6 +160,15 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
                 c[~ok] = 0
                 cum = _acc(c)
                 end = int(cum.searchsorted(tokens))
+        stop = False  # (strict FCFS: a request the rules skip in this block ends the walk)
+        if not passing and ok is not None:
+            s = int(ok.argmin())
+            if not ok[s]:  # the first one the rules skip: it and all after it do not go
+                ok[s:] = False
+                c[s:] = 0
+                cum = _acc(c)
+                end = int(cum.searchsorted(tokens))
+                stop = True
         if q.n_empty != 0 and r.min() <= 0:  # a request with nothing to prefill ends the walk at its turn
             zero = r <= 0 if ok is None else (r <= 0) & ok
             z = int(zero.argmax())
@@ -166,7 +185,10 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
                 slots -= int(np.count_nonzero(f & ok))
                 if cuts:
                     partial += int(np.count_nonzero(big & ok))
-            if slots <= 0 and read < n:  # only started requests may go from here on
+            if stop:
+                break
+            # only started requests may go from here on (strict: the next block's slot rule ends it)
+            if slots <= 0 and read < n and passing:
                 tail = (read, tokens, slots)
                 break
             # next block: what the tokens left take at this block's mean size, twice over
@@ -184,7 +206,9 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
             pos.append(seg[end: end + 1])
             ns.append(np.array([left], dtype=np.int64))
             break
-        # a fresh one the budget would cut, and the partial bound is reached: skipped
+        # a fresh one the budget would cut, and the partial bound is reached: skipped (strict:
+        if not passing:  # it ends the walk)
+            break
         used = f[:end] if ok is None else f[:end] & ok[:end]
         tail = (base + end + 1, left, slots - int(np.count_nonzero(used)))
         break
@@ -205,7 +229,7 @@ def plan_numbers(q: Queue[R], order: Order, budget: PrefillBudget, max_partial: 
 
 
 def _cut_early(q: Queue[R], order: Order, tokens: int, chunk: int, slots: int, max_partial: int,
-               cut: Cut) -> tuple[np.ndarray, np.ndarray] | None:
+               cut: Cut, passing: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """The plan if a policy's cut (or the walk) ends it within the order's first ``CUT_FIRST``
     requests, else None. A cut often ends the step within a few grants (kairos+: an urgent
     request with little room to give), and then the first block, sized for the budget, need
@@ -216,7 +240,7 @@ def _cut_early(q: Queue[R], order: Order, tokens: int, chunk: int, slots: int, m
     got: list[int] = []
     got_n: list[int] = []
     done = _pass(seg, q.rem[seg], q.fresh, tokens, slots, q.n_started, q.n_started, chunk, max_partial,
-                 got, got_n)[0]
+                 got, got_n, passing)[0]
     if not got:
         return (_NO_POS, _NO_TOKENS) if done else None
     p, t = np.array(got, dtype=np.intp), np.array(got_n, dtype=np.int64)
@@ -226,22 +250,25 @@ def _cut_early(q: Queue[R], order: Order, tokens: int, chunk: int, slots: int, m
 
 def _pass(seg: np.ndarray, rem: np.ndarray, fresh_all: np.ndarray, tokens: int, slots: int,
           partial: int, started_left: int, chunk: int, max_partial: int, got: list[int],
-          got_n: list[int]) -> tuple[bool, int, int, int]:
+          got_n: list[int], passing: bool = True) -> tuple[bool, int, int, int]:
     """The walk's rules request by request over ``seg`` (the order's first block), as the
     one-by-one walk applies them; the grants are appended to ``got``/``got_n``. Returns whether
     the walk ended here (the tokens spent, a request with nothing to prefill reached, or only
     fresh requests left with no slot), and the tokens, slots and partial count left.
-    ``rem``: their tokens to prefill; ``started_left``: the started requests not yet passed."""
+    ``rem``: their tokens to prefill; ``started_left``: the started requests not yet passed;
+    ``passing=False``: a request the rules skip ends the walk."""
     lim = chunk if chunk < tokens else tokens  # the most one request may take now
     add, add_n = got.append, got_n.append
     for i, x, f in zip(seg.tolist(), rem.tolist(), fresh_all[seg].tolist()):
         if f:
             if slots <= 0:
-                if started_left <= 0:
-                    return True, tokens, slots, partial  # no slot, and nothing started is left
+                if started_left <= 0 or not passing:  # no slot, and nothing started is left
+                    return True, tokens, slots, partial  # (or strict: nothing passes it)
                 continue
             if x > lim:  # cut: one more partly prefilled request
                 if partial >= max_partial:
+                    if not passing:
+                        return True, tokens, slots, partial
                     continue
                 partial += 1
                 c = lim

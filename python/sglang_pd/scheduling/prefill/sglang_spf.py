@@ -13,6 +13,10 @@ chunk). A fresh request that would not finish in this step starts only while no 
 is unfinished. Partly prefilled requests left by a previous policy (a runtime switch) all keep
 their place in the order.
 
+From the Scheduler's queue the same walk runs on its columns (``baselines.py``): the shared
+planner with a partial bound of 1 is exactly the rule above (a fresh request a chunk or the
+budget would cut is skipped while one is unfinished; one with nothing left ends the step).
+
 Known behaviour, kept as the PR has it: waiting is unbounded for a long prompt under a steady
 stream of shorter ones (shortest-first's starvation), and no deadlines are read.
 """
@@ -21,7 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_pd.scheduling.prefill.baselines import count_unfinished, grant_or_stop, started
+from sglang_pd.scheduling.prefill.baselines import (columns_of, count_unfinished, grant_or_stop,
+                                                     grant_planned, started)
+from sglang_pd.scheduling.prefill.order import stable_order
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
 
@@ -29,6 +35,9 @@ class SglangSpfPrefillPolicy(PrefillPolicy):
     name = "sglang-spf"
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
+        q = columns_of(waiting, budget)
+        if q is not None:  # never a second unfinished chunk: the shared walk's bound at 1
+            return grant_planned(q, stable_order(q.rem), budget, max_partial=1)
         reqs = list(waiting)
         order = sorted(range(len(reqs)), key=lambda i: (reqs[i].prefill_remaining, i))
         unfinished = count_unfinished(reqs)

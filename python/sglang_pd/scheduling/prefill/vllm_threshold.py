@@ -14,14 +14,22 @@ Deviation, named: vLLM lets any number of prompts be part-way through; our engin
 partly prefilled prompt's pages (whole-prompt pages on a PD prefill server), so a fresh request
 that would not finish in this step starts only while fewer than ``prefill_max_partial`` are
 unfinished (the bound every policy here keeps).
+
+From the Scheduler's queue the same walk runs on its columns (``baselines.py``): the shared
+planner over started-then-fresh order, every grant capped at the threshold, strict (no request
+passes one the rules stop at).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from sglang_pd.scheduling.config import DEFAULT_SHORT_PREFILL_THRESHOLD
-from sglang_pd.scheduling.prefill.baselines import count_unfinished, grant_or_stop, started
+from sglang_pd.scheduling.prefill.baselines import (columns_of, count_unfinished, grant_or_stop,
+                                                     grant_planned, started)
+from sglang_pd.scheduling.prefill.order import Order
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
 
@@ -34,8 +42,14 @@ class VllmThresholdPrefillPolicy(PrefillPolicy):
                 or DEFAULT_SHORT_PREFILL_THRESHOLD)
 
     def schedule(self, waiting: Sequence[R], now: float, budget: PrefillBudget) -> list[tuple[R, int]]:
-        reqs = list(waiting)
         cap = self.threshold
+        q = columns_of(waiting, budget)
+        if q is not None:
+            order = np.arange(len(q)) if not q.n_started else \
+                np.concatenate(((~q.fresh).nonzero()[0], q.fresh.nonzero()[0]))  # started first
+            return grant_planned(q, Order.of(order), budget, self.cfg.prefill_max_partial, max_tokens=cap,
+                                 passing=False)
+        reqs = list(waiting)
         unfinished = count_unfinished(reqs)
         plan: list[tuple[R, int]] = []
         running = [r for r in reqs if started(r)]
