@@ -39,6 +39,12 @@ How long: each setup starts its servers (~35 s on 2 cores), replays the workload
 for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
 whole row: compare two setups in both orders (--setups a,b then b,a). --decode-log: one line
 per decode decision in the decode server's log (engine/decode_log.py).
+Pinned (``--pin-cores``, default on; utils/pinning.py): once the cluster is up, the three
+engines share the first core and everything else (the servers' frontends, the router, the bench
+client) runs on the others, as sim_fidelity.py pins its one engine. Unpinned, the engines took
+turns with the router and the client, so a router that costs more CPU (ours is Python,
+SGLang's Rust) slowed the engines it routes to, and every run moved with whatever else woke up.
+Pinned, the engines' capacity is one core: the knee comes at a lower --rate than unpinned.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from pathlib import Path
 
 from bench_cluster_report import plot, table
 from sglang_pd.bench.host_usage import metric_samples
+from sglang_pd.utils.pinning import pin_engines, restore_self
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,6 +125,7 @@ class Run:
     problem: str = ""
     wall_s: float = 0.0
     load_avg_1m: float = 0.0
+    pinned: str = ""  # what --pin-cores did (utils/pinning.py), "" when off
     num_requests: int = 0
     completed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
@@ -230,6 +238,7 @@ def scrape_steps(names: list[str], urls: list[str]) -> dict[str, dict[str, dict[
 
 def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, log_dir: Path) -> Run:
     run = Run(s.name, load_avg_1m=os.getloadavg()[0])
+    own_cores = os.sched_getaffinity(0)
     env = dict(os.environ, OMP_NUM_THREADS="1", UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"),
                NIXL_LOG_LEVEL="WARN",
                PYTHONPATH=f"{REPO / 'python'}:{REPO / 'router'}:{os.environ.get('PYTHONPATH', '')}")
@@ -241,6 +250,10 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     try:
         url = start_cluster(s, args, model, log_dir, env, procs, urls)
         print(f"  [{s.name}] cluster up in {time.monotonic() - t0:.1f} s", flush=True)
+        if args.pin_cores:  # the engines on one core, the rest (and the bench client) on the others
+            run.pinned = pin_engines([p.pid for n, p in procs if n != "router"],
+                                     [p.pid for n, p in procs if n == "router"])
+            print(f"  [{s.name}] pinned: {run.pinned}", flush=True)
         bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--base-url", url, "--backend", "sglang",
                  "--dataset-name", "trace", "--dataset-path", str(workload),
                  "--num-prompts", str(args.num_prompts), "--seed", str(args.seed),
@@ -269,6 +282,7 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     finally:
         for _, proc in reversed(procs):
             stop(proc)
+        restore_self(own_cores)  # the next setup's servers start on every core again
         run.wall_s = time.monotonic() - t0
     for log in sorted(log_dir.glob(f"{s.name}_*.log")):
         text = log.read_text(errors="replace")
@@ -301,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--edf-concurrency", type=int, default=4, help="dynamo-edf: requests in flight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: tiny)")
+    ap.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
+                    help="every engine on the first core; frontends, router and the bench client on the "
+                         "others (as sim_fidelity.py pins; utils/pinning.py)")
     ap.add_argument("--decode-log", action="store_true",
                     help="decode server at --log-level debug: one line per decode decision in its log")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -36,47 +35,8 @@ from sglang_pd.sim.cluster import Cluster
 from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import build_cost
 from sglang_pd.sim.workload import Arrival, Workload
+from sglang_pd.utils.pinning import pin_engines
 from sglang_pd.utils.server_procs import stop, wait_healthy
-
-
-def _tasks(pid: int) -> list[int]:
-    """Every thread of process ``pid`` (affinity is per thread)."""
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return []
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(d))
-    return kids
-
-
-def pin_cores(server_pid: int) -> str:
-    """The engine process alone on the first core, the server's frontend, the bench client and
-    this script on the others: on a 2-core machine they otherwise take turns with the engine,
-    whose steps then run slower under load than the profiler measured them alone (ours: the
-    simulator models the engine, not its neighbours)."""
-    cores = sorted(os.sched_getaffinity(0))
-    kids = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _children(server_pid)}
-    engines = [p for p, cmd in kids.items() if b"spawn_main" in cmd and b"resource_tracker" not in cmd]
-    if len(cores) < 2 or len(engines) != 1:
-        return "not pinned"
-    rest = set(cores[1:])
-    for tid in _tasks(engines[0]):
-        os.sched_setaffinity(tid, {cores[0]})
-    for pid in (server_pid, *[p for p in kids if p != engines[0]], os.getpid()):
-        for tid in _tasks(pid):
-            os.sched_setaffinity(tid, rest)
-    return f"engine on core {cores[0]}, the rest on {sorted(rest)}"
 
 
 def real_run(a: argparse.Namespace, out: Path) -> dict:
@@ -90,7 +50,7 @@ def real_run(a: argparse.Namespace, out: Path) -> dict:
         if not wait_healthy(f"http://127.0.0.1:{a.port}", proc):
             sys.exit(f"server on :{a.port} not healthy (exit code {proc.poll()}); see {out / 'server.log'}")
         if a.pin_cores:
-            print("pinned:", pin_cores(proc.pid))
+            print("pinned:", pin_engines([proc.pid]))
         bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--backend", "sglang", "--port", str(a.port),
                  "--dataset-name", "trace", "--dataset-path", a.trace, "--num-prompts", str(a.num_prompts),
                  "--time-scale", str(a.time_scale), "--output-details", "--output-file", str(out / "bench.jsonl")]

@@ -1,0 +1,88 @@
+"""Core pinning for CPU benchmarks: the model engines on their cores, everything else elsewhere.
+
+On a small CPU host a server's engine (the process that steps the model) takes turns with its
+own frontend, the router and the load generator; its steps then run slower under load than
+alone, by an amount that moves with whatever else happens to be busy. Pinning every engine to
+the first core and every other process to the rest makes a run repeatable and fair between
+setups: a router or client that costs more CPU (a Python router against a Rust one) no longer
+slows the engines, and engines share their core only among themselves (processor sharing, which
+the simulator can model: ``sim_fidelity_cluster.py --cores``). Used by ``scripts/sim_fidelity.py``
+(one engine) and ``scripts/bench_cluster.py`` (a whole PD cluster). Linux only (``/proc``,
+``sched_setaffinity``); elsewhere nothing is pinned and the caller is told so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def threads(pid: int) -> list[int]:
+    """Every thread of process ``pid`` (affinity is per thread); [] once it is gone."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4, after "(comm)"
+                kids.append(int(d))
+    return kids
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def engine_pids(server_pid: int) -> list[int]:
+    """A ``launch_server`` process's engine: its multiprocessing child that is not the
+    resource tracker (engine/engine_process.py starts it with the spawn method)."""
+    return [p for p in children(server_pid)
+            if b"spawn_main" in _cmdline(p) and b"resource_tracker" not in _cmdline(p)]
+
+
+def set_affinity(pids: Iterable[int], cores: set[int]) -> None:
+    """Every thread of each process onto ``cores`` (threads it starts later inherit them)."""
+    for pid in pids:
+        for tid in threads(pid):
+            try:
+                os.sched_setaffinity(tid, cores)
+            except OSError:  # the thread ended meanwhile
+                pass
+
+
+def pin_engines(server_pids: Iterable[int], other_pids: Iterable[int] = ()) -> str:
+    """Every server's engine on the first usable core; the servers' frontends and their other
+    children, ``other_pids`` (and their children) and this process on the rest, so that what
+    this process starts later (the load generator) runs there too. Returns what was done, for
+    the report; "not pinned: ..." where it cannot be (one core, no engine found)."""
+    cores = sorted(os.sched_getaffinity(0))
+    servers = list(server_pids)
+    engines = [e for s in servers for e in engine_pids(s)]
+    if len(cores) < 2 or len(engines) != len(servers):
+        return f"not pinned ({len(cores)} cores, {len(engines)} engines for {len(servers)} servers)"
+    engine_core, rest = {cores[0]}, set(cores[1:])
+    set_affinity(engines, engine_core)
+    others = [*servers, *other_pids]
+    others += [k for p in others for k in children(p) if k not in engines]
+    set_affinity([*others, os.getpid()], rest)
+    return f"{len(engines)} engine(s) on core {cores[0]}, the rest on {sorted(rest)}"
+
+
+def restore_self(cores: set[int]) -> None:
+    """This process back on ``cores`` (what ``os.sched_getaffinity(0)`` said before
+    :func:`pin_engines`), before it starts the next servers: they would inherit the rest."""
+    set_affinity([os.getpid()], cores)

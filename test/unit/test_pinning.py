@@ -1,0 +1,67 @@
+"""utils/pinning.py on real processes: a server-like parent whose engine is a multiprocessing
+spawn child (as launch_server starts it). The engine's threads land on the first core, the
+parent, an "other" process and this process on the rest; restore_self undoes this process's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sglang_pd.utils.pinning import children, engine_pids, pin_engines, restore_self, threads
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                reason="needs Linux with at least 2 usable cores")
+
+SERVER = """
+import multiprocessing as mp, threading, time
+def engine():
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a second thread
+    time.sleep(60)
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    p = mp.Process(target=engine, daemon=True)
+    p.start()
+    print("up", flush=True)
+    time.sleep(60)
+"""
+
+
+def _affinity(pid: int) -> set[frozenset[int]]:
+    return {frozenset(os.sched_getaffinity(t)) for t in threads(pid)}
+
+
+def test_engines_on_the_first_core_everything_else_on_the_rest(tmp_path) -> None:
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    saved = os.sched_getaffinity(0)
+    cores = sorted(saved)
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 20
+        while not engine_pids(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (engine,) = engine_pids(server.pid)
+        assert engine in children(server.pid)
+        while len(threads(engine)) < 2 and time.monotonic() < deadline:  # its second thread
+            time.sleep(0.05)
+        assert len(threads(engine)) >= 2
+        what = pin_engines([server.pid], [other.pid])
+        assert what.startswith("1 engine(s) on core"), what
+        assert _affinity(engine) == {frozenset({cores[0]})}
+        rest = frozenset(cores[1:])
+        for pid in (server.pid, other.pid, os.getpid()):
+            assert _affinity(pid) == {rest}
+        # a server whose engine is missing is refused, nothing half-pinned is claimed
+        assert pin_engines([other.pid]).startswith("not pinned")
+    finally:
+        restore_self(saved)
+        for p in (server, other):
+            p.kill()
+            p.wait()
+    assert _affinity(os.getpid()) == {frozenset(saved)}
