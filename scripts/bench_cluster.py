@@ -39,12 +39,14 @@ How long: each setup starts its servers (~35 s on 2 cores), replays the workload
 for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
 whole row: compare two setups in both orders (--setups a,b then b,a). --decode-log: one line
 per decode decision in the decode server's log (engine/decode_log.py).
-Pinned (``--pin-cores``, default on; utils/pinning.py): once the cluster is up, the three
-engines share the first core and everything else (the servers' frontends, the router, the bench
-client) runs on the others, as sim_fidelity.py pins its one engine. Unpinned, the engines took
-turns with the router and the client, so a router that costs more CPU (ours is Python,
-SGLang's Rust) slowed the engines it routes to, and every run moved with whatever else woke up.
-Pinned, the engines' capacity is one core: the knee comes at a lower --rate than unpinned.
+Pinned (``--pin-cores``, default on; utils/pinning.py): once the cluster is up, the two
+prefill engines share the first core, and the decode engine runs on the other beside the light
+processes (the servers' frontends, the router, the bench client), as a PD cluster gives decode
+its own device. Unpinned, decode and prefill engines took turns on both cores, so every extra
+decode step (a smaller batch under slack+) took prefill time, which it does not on PD hardware,
+and every run moved with whatever else woke up. (All three engines on one core, tried first,
+was worse: decode's continuous small steps took a third of the prefill core, and both stacks
+were past their knee at 1.0 req/s.)
 """
 
 from __future__ import annotations
@@ -250,9 +252,10 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     try:
         url = start_cluster(s, args, model, log_dir, env, procs, urls)
         print(f"  [{s.name}] cluster up in {time.monotonic() - t0:.1f} s", flush=True)
-        if args.pin_cores:  # the engines on one core, the rest (and the bench client) on the others
-            run.pinned = pin_engines([p.pid for n, p in procs if n != "router"],
-                                     [p.pid for n, p in procs if n == "router"])
+        if args.pin_cores:  # prefill engines on one core; decode, router, client on the others
+            run.pinned = pin_engines([p.pid for n, p in procs if n.startswith("prefill")],
+                                     [p.pid for n, p in procs if n == "router"],
+                                     rest_servers=[p.pid for n, p in procs if n == "decode"])
             print(f"  [{s.name}] pinned: {run.pinned}", flush=True)
         bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--base-url", url, "--backend", "sglang",
                  "--dataset-name", "trace", "--dataset-path", str(workload),
@@ -316,8 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: tiny)")
     ap.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
-                    help="every engine on the first core; frontends, router and the bench client on the "
-                         "others (as sim_fidelity.py pins; utils/pinning.py)")
+                    help="the prefill engines on the first core; the decode engine, frontends, router and "
+                         "the bench client on the others (utils/pinning.py)")
     ap.add_argument("--decode-log", action="store_true",
                     help="decode server at --log-level debug: one line per decode decision in its log")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))

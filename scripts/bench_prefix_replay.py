@@ -167,7 +167,8 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
     cmd = [sys.executable, "-m", "sglang_pd.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port), "--mode", "colocated",
            "--page-size", str(a.block_tokens), "--max-total-tokens", str(a.max_total_tokens),
-           "--chunked-prefill-size", "512", "--max-running-requests", "64", "--dtype", "float32"]
+           "--chunked-prefill-size", "512", "--max-running-requests", "64", "--dtype", "float32",
+           "--prefill-policy", a.prefill_policy]
     if not cache:
         cmd.append("--disable-radix-cache")
     log = open(log_dir / f"server{len(list(log_dir.iterdir()))}_{'on' if cache else 'off'}.log", "wb")
@@ -277,6 +278,9 @@ def main() -> None:
     p.add_argument("--prime-requests", type=int, default=None,
                    help="first run an unmeasured server through this many warm-up prompts (default: all of "
                         "--warm-requests; 0: no priming run)")
+    p.add_argument("--prefill-policy", default="fcfs",
+                   help="both servers' --prefill-policy (a policy that reads cached_len, e.g. sjf, ranks a "
+                        "request with a hit by what it still has to compute)")
     p.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     a = p.parse_args()
     if a.warm_requests < 0 or a.num_requests < 2 or a.warm_concurrency < 1 or a.qps <= 0:

@@ -30,9 +30,10 @@ def test_bench_cluster_quick_runs_our_stack_and_reports_both_classes(tiny_model_
     data = json.loads((tmp_path / "bench_cluster.json").read_text())
     (run,) = data["runs"]
     assert run["ok"] and not run["tracebacks"] and run["errors"] == {}
-    # pinned by default: the three engines on one core, the rest on the others (utils/pinning.py)
+    # pinned by default: the prefill engines on one core, decode and the rest on the others
     if len(os.sched_getaffinity(0)) >= 2:
-        assert run["pinned"].startswith("3 engine(s) on core"), run["pinned"]
+        assert run["pinned"].startswith("2 engine(s) on core"), run["pinned"]
+        assert "the rest with 1 engine(s) on" in run["pinned"], run["pinned"]
     lens = [json.loads(line)["input_length"] for line in (tmp_path / "workload.jsonl").open()]
     n_long = sum(n > 256 for n in lens)  # the short-prefill threshold
     assert len(lens) == 14 and 1 <= n_long <= 4

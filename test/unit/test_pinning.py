@@ -34,34 +34,46 @@ def _affinity(pid: int) -> set[frozenset[int]]:
     return {frozenset(os.sched_getaffinity(t)) for t in threads(pid)}
 
 
+def _start(script) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _engine(server: subprocess.Popen, deadline: float) -> int:
+    while not engine_pids(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (engine,) = engine_pids(server.pid)
+    assert engine in children(server.pid)
+    while len(threads(engine)) < 2 and time.monotonic() < deadline:  # its second thread
+        time.sleep(0.05)
+    assert len(threads(engine)) >= 2
+    return engine
+
+
 def test_engines_on_the_first_core_everything_else_on_the_rest(tmp_path) -> None:
+    """A "prefill" server's engine on the first core; a "decode" server's engine (rest_servers),
+    both frontends, an other process and this one on the rest."""
     script = tmp_path / "server.py"
     script.write_text(SERVER)
     saved = os.sched_getaffinity(0)
     cores = sorted(saved)
-    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    prefill, decode = _start(script), _start(script)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "up"
         deadline = time.monotonic() + 20
-        while not engine_pids(server.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (engine,) = engine_pids(server.pid)
-        assert engine in children(server.pid)
-        while len(threads(engine)) < 2 and time.monotonic() < deadline:  # its second thread
-            time.sleep(0.05)
-        assert len(threads(engine)) >= 2
-        what = pin_engines([server.pid], [other.pid])
-        assert what.startswith("1 engine(s) on core"), what
-        assert _affinity(engine) == {frozenset({cores[0]})}
+        p_engine, d_engine = _engine(prefill, deadline), _engine(decode, deadline)
+        what = pin_engines([prefill.pid], [other.pid], rest_servers=[decode.pid])
+        assert what.startswith("1 engine(s) on core") and "with 1 engine(s)" in what, what
+        assert _affinity(p_engine) == {frozenset({cores[0]})}
         rest = frozenset(cores[1:])
-        for pid in (server.pid, other.pid, os.getpid()):
+        for pid in (d_engine, prefill.pid, decode.pid, other.pid, os.getpid()):
             assert _affinity(pid) == {rest}
         # a server whose engine is missing is refused, nothing half-pinned is claimed
         assert pin_engines([other.pid]).startswith("not pinned")
     finally:
         restore_self(saved)
-        for p in (server, other):
+        for p in (prefill, decode, other):
             p.kill()
             p.wait()
     assert _affinity(os.getpid()) == {frozenset(saved)}

@@ -7,7 +7,9 @@ the first core and every other process to the rest makes a run repeatable and fa
 setups: a router or client that costs more CPU (a Python router against a Rust one) no longer
 slows the engines, and engines share their core only among themselves (processor sharing, which
 the simulator can model: ``sim_fidelity_cluster.py --cores``). Used by ``scripts/sim_fidelity.py``
-(one engine) and ``scripts/bench_cluster.py`` (a whole PD cluster). Linux only (``/proc``,
+(one engine alone on its core) and ``scripts/bench_cluster.py`` (a PD cluster on 2 cores: the
+prefill engines share the first core, the decode engine runs on the other beside the light
+processes, as a PD cluster gives decode its own device). Linux only (``/proc``,
 ``sched_setaffinity``); elsewhere nothing is pinned and the caller is told so.
 """
 
@@ -64,22 +66,27 @@ def set_affinity(pids: Iterable[int], cores: set[int]) -> None:
                 pass
 
 
-def pin_engines(server_pids: Iterable[int], other_pids: Iterable[int] = ()) -> str:
-    """Every server's engine on the first usable core; the servers' frontends and their other
-    children, ``other_pids`` (and their children) and this process on the rest, so that what
-    this process starts later (the load generator) runs there too. Returns what was done, for
-    the report; "not pinned: ..." where it cannot be (one core, no engine found)."""
+def pin_engines(server_pids: Iterable[int], other_pids: Iterable[int] = (),
+                rest_servers: Iterable[int] = ()) -> str:
+    """The engines of ``server_pids`` on the first usable core; everything else on the rest:
+    the engines of ``rest_servers``, every server's frontend and other children, ``other_pids``
+    (and their children) and this process, so that what it starts later (the load generator)
+    runs there too. Returns what was done, for the report; "not pinned: ..." where it cannot be
+    (one core, a server without its engine)."""
     cores = sorted(os.sched_getaffinity(0))
-    servers = list(server_pids)
-    engines = [e for s in servers for e in engine_pids(s)]
-    if len(cores) < 2 or len(engines) != len(servers):
-        return f"not pinned ({len(cores)} cores, {len(engines)} engines for {len(servers)} servers)"
+    first, second = list(server_pids), list(rest_servers)
+    engines = [e for s in first for e in engine_pids(s)]
+    rest_engines = [e for s in second for e in engine_pids(s)]
+    if len(cores) < 2 or len(engines) != len(first) or len(rest_engines) != len(second):
+        return (f"not pinned ({len(cores)} cores, {len(engines) + len(rest_engines)} engines for "
+                f"{len(first) + len(second)} servers)")
     engine_core, rest = {cores[0]}, set(cores[1:])
     set_affinity(engines, engine_core)
-    others = [*servers, *other_pids]
+    others = [*first, *second, *other_pids]
     others += [k for p in others for k in children(p) if k not in engines]
     set_affinity([*others, os.getpid()], rest)
-    return f"{len(engines)} engine(s) on core {cores[0]}, the rest on {sorted(rest)}"
+    with_rest = f" with {len(rest_engines)} engine(s)" if rest_engines else ""
+    return f"{len(engines)} engine(s) on core {cores[0]}, the rest{with_rest} on {sorted(rest)}"
 
 
 def restore_self(cores: set[int]) -> None:
