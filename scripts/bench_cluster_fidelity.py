@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                     "measured first if missing)")
     ap.add_argument("--profile-repeats", type=int, default=3)
     ap.add_argument("--cores", type=float, default=None, help="sim_fidelity_cluster.py --cores (shared cores)")
+    ap.add_argument("--shared", choices=("all", "prefill"), default="prefill",
+                    help="with --cores: who shares them (sim_fidelity_cluster.py --shared; bench_cluster pins "
+                         "the prefill engines to one core)")
     ap.add_argument("--reuse", action="store_true", help="keep seed runs already in OUT (their records exist)")
     ap.add_argument("--quick", action="store_true", help="tiny model, 14 requests, one predicted seed")
     a = ap.parse_args(argv)
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     model = str(REPO / "models" / "tiny-llama") if a.quick else str(a.out / "smollm2-135m")
     fid = ["--bench-dir", *map(str, dirs[1:]), "--calibrate-from", str(dirs[0]), "--setups", a.setups,
            "--profile", str(profile), "--calibration", str(a.out / "calibration.json"), "--model-path", model,
-           "--profile-repeats", str(a.profile_repeats)] + (["--cores", str(a.cores)] if a.cores else [])
+           "--profile-repeats", str(a.profile_repeats)] + (["--cores", str(a.cores), "--shared", a.shared]
+                                                            if a.cores else [])
     if not profile.exists():
         print(f"== profile: measuring {profile} ({time.monotonic() - t0:.0f} s)", flush=True)
         fid.append("--make-profile")

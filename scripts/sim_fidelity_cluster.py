@@ -128,12 +128,13 @@ def run_tpots(rec: dict) -> list[float]:
 
 
 def calibrate(argv: list[str], rec: dict, steps: dict, source: str = "", cores: float | None = None,
-              decode_from: str = "steps") -> Calibration:
+              decode_from: str = "steps", shared: str = "all") -> Calibration:
     """Step factors and the TTFT overhead from one engine run (sglang_pd/sim/calibration.py);
-    ``cores``: the instances share that many cores (None: each has its own); ``decode_from``:
+    ``cores``: the instances (``shared``: all, or the prefill ones) share that many cores (None:
+    each has its own); ``decode_from``:
     the decode factor matches the run's median TPOT ("tpot") or its engine's step seconds ("steps")."""
     tpots = run_tpots(rec)
-    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores,
+    cal, res = fit_factors(lambda c: replay(argv, rec, c)[0], measured_busy(steps), cores=cores, shared=shared,
                            tpot_s=statistics.median(tpots) if tpots and decode_from == "tpot" else None)
     res, idx = replay(argv, rec, cal)
     real = [rec["ttfts"][k] if rec["ttfts"][k] and rec["ttfts"][k] > 0 else None for k in idx]
@@ -222,7 +223,8 @@ def diagnose(flags: list[str], rec: dict, cal: Calibration, slo: SloSpec) -> str
     overhead (what no engine step holds). Signed errors per class and percentile."""
     real = rec.get("by_class") or {}
     stages = (("profile alone", None), ("+ step factors" + (f" on {cal.cores:g} shared cores" if cal.cores else ""),
-                                         Calibration(cal.step_factor, cores=cal.cores)), ("+ TTFT overhead", cal))
+                                         Calibration(cal.step_factor, cores=cal.cores, shared=cal.shared)),
+              ("+ TTFT overhead", cal))
     errs = [compare(real, simulate(flags, rec, slo, c))[1] for _, c in stages]
     keys = [(c, label) for c in CLASSES for label, _ in ROWS if all((c, label) in e for e in errs)]
     lines = ["| fit run (in-sample) | " + " | ".join(f"{c} {lb}" for c, lb in keys) + " |",
@@ -265,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cores", type=float, default=None,
                     help="with --calibrate-from: the simulated instances share this many cores (processor "
                          "sharing, sglang_pd/sim/calibration.py); default: each its own, the factors hold it all")
+    ap.add_argument("--shared", choices=("all", "prefill"), default="all",
+                    help="with --cores: who shares them: every instance, or only the prefill ones (bench_cluster's "
+                         "pinned layout: prefill engines on one core, decode on the other)")
     ap.add_argument("--profile", required=True, help="cost profile JSON measured on this machine's engine")
     ap.add_argument("--make-profile", action="store_true", help="measure it first (the profiler, minutes)")
     ap.add_argument("--model-path", default=None, help="for --make-profile (default: BENCH_DIR/smollm2-135m)")
@@ -297,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             steps = src / f"{name}_steps.json"
             if flags is None or rec is None or not steps.exists():
                 sys.exit(f"{src}: no {name} run with per-request details and {steps.name} to calibrate on")
-            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores, a.decode_from)
+            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores, a.decode_from,
+                                   a.shared)
             print(f"calibration ({name}, fitted on {src}): step factors "
                   + ", ".join(f"{k} x{v:.2f}" for k, v in cals[name].step_factor.items())
                   + f"; TTFT overhead {1e3 * cals[name].ttft_overhead_s:.0f} ms")

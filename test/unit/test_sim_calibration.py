@@ -108,6 +108,21 @@ def test_shared_cores_stretch_a_step_by_the_instances_mid_step() -> None:
     assert sum(i.busy_s for i in dense_one.instances) > 1.05 * sum(i.busy_s for i in dense_base.instances)
 
 
+def test_shared_prefill_core_leaves_decode_its_own() -> None:
+    """bench_cluster's pinned layout: the prefill instances share the core, decode does not:
+    on half a core the prefills' steps take twice as long, decode's as long as unshared."""
+    argv = sfc.sim_argv("ours", CFG, OPTS)
+    assert argv is not None
+    spaced = dict(REC, start_times=[1.0 * i for i in range(12)])
+    half = {i.name: i.busy_s for i in sfc.replay(argv, spaced, Calibration({}, cores=0.5, shared="prefill"))[0]
+            .instances}
+    base = {i.name: i.busy_s for i in sfc.replay(argv, spaced, Calibration({}))[0].instances}
+    assert half["d0"] == pytest.approx(base["d0"])
+    assert half["p0"] == pytest.approx(2 * base["p0"]) and half["p1"] == pytest.approx(2 * base["p1"])
+    shared = Calibration({"p0": 1.0}, cores=1.0, shared="prefill")
+    assert Calibration.from_json(shared.to_json()) == shared
+
+
 def test_drift_reads_one_on_a_machine_as_fast_as_at_calibration() -> None:
     argv = sfc.sim_argv("ours", CFG, OPTS)
     assert argv is not None

@@ -21,6 +21,8 @@ Optionally (``cores``) the shared cores themselves: a step that starts while k i
 the cluster are mid-step (itself included) on ``cores`` cores runs max(1, k / cores) times as
 long (each engine is one thread; processor sharing, read once at the step's start). The
 factors then hold only what sharing does not explain (frontends, router, client, caches).
+``shared``: which instances share them: "all", or "prefill" (bench_cluster's pinned layout:
+the prefill engines share the cores, each decode engine runs on a core of its own).
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ class Calibration:
     ttft_overhead_s: float = 0.0
     source: str = ""  # the run it was fitted on
     cores: float | None = None  # the cores the instances share (None: each has its own)
+    shared: str = "all"  # who shares ``cores``: "all" instances or only the "prefill" ones
 
     def to_json(self) -> dict:
         return {"step_factor": self.step_factor, "ttft_overhead_s": self.ttft_overhead_s, "source": self.source,
-                "cores": self.cores}
+                "cores": self.cores, "shared": self.shared}
 
     @classmethod
     def from_json(cls, d: dict) -> Calibration:
-        return cls(dict(d["step_factor"]), float(d["ttft_overhead_s"]), str(d.get("source", "")), d.get("cores"))
+        return cls(dict(d["step_factor"]), float(d["ttft_overhead_s"]), str(d.get("source", "")), d.get("cores"),
+                   str(d.get("shared", "all")))
 
 
 class SharedCoreCost(StepCost):
@@ -81,12 +85,12 @@ def scaled(cost: StepCost, factor: float) -> StepCost:
 
 def apply(cluster: Cluster, cal: Calibration) -> Cluster:
     """Each instance's steps scaled by its factor (before the run; 1 where none was fitted)."""
-    peers = [*cluster.front, *cluster.decodes]
-    for inst in peers:
+    peers = [*cluster.front, *cluster.decodes] if cal.shared == "all" else list(cluster.front)
+    for inst in [*cluster.front, *cluster.decodes]:
         f = cal.step_factor.get(inst.name, 1.0)
         if f != 1.0:
             inst.cost = scaled(inst.cost, f)
-        if cal.cores:
+        if cal.cores and inst in peers:
             inst.cost = SharedCoreCost(inst.cost, peers, cal.cores)
     return cluster
 
@@ -105,20 +109,20 @@ def median_tpot_s(res: SimResult) -> float | None:
 
 def fit_factors(replay: Callable[[Calibration], SimResult], busy: dict[str, float],
                 rounds: int = 5, cores: float | None = None,
-                tpot_s: float | None = None) -> tuple[Calibration, SimResult]:
+                tpot_s: float | None = None, shared: str = "all") -> tuple[Calibration, SimResult]:
     """Step factors such that each simulated instance is busy as long as its engine was; with
     ``tpot_s`` (the run's median TPOT) the decode instances' factor matches that instead: a
     decode engine's wall time per token also holds its loop's work between steps (sending
     outputs, taking transfers in) and its waits for a core there, which no step timer counts
     (measured here: TPOT p50 1.3-1.7x the mean decode step)."""
-    cal = Calibration(dict.fromkeys(busy, 1.0), cores=cores)
+    cal = Calibration(dict.fromkeys(busy, 1.0), cores=cores, shared=shared)
     res = replay(cal)
     for _ in range(rounds):
         sim = {i.name: i.busy_s for i in res.instances}
         sim_tpot = median_tpot_s(res) if tpot_s else None
         cal = Calibration({n: f * (tpot_s / sim_tpot if tpot_s and sim_tpot and n.startswith("d")
                                    else busy[n] / sim[n] if sim.get(n) else 1.0)
-                           for n, f in cal.step_factor.items()}, cores=cores)
+                           for n, f in cal.step_factor.items()}, cores=cores, shared=shared)
         res = replay(cal)
     return cal, res
 
