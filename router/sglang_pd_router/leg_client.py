@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .aio import timeout
@@ -158,19 +159,17 @@ class LegClient:
         self._pools.clear()
 
 
+@dataclass(slots=True, eq=False)
 class LegStart:
     """A leg's request, built (and written when a connection was idle) by ``LegClient.start``;
     ``LegClient.finish`` takes it over. One never taken over (its task cancelled before it
     ran) must be ``drop``ped, so its written request does not wait for the read timer."""
 
-    __slots__ = ("pool", "request", "conn", "taken", "error")
-
-    def __init__(self, pool: _Pool | None, request: bytes, conn: _Conn | None) -> None:
-        self.pool = pool
-        self.request = request
-        self.conn = conn  # None: no idle connection, ``finish`` connects
-        self.taken = False
-        self.error: Exception | None = None  # writing on the idle connection failed
+    pool: _Pool | None
+    request: bytes
+    conn: _Conn | None  # None: no idle connection, ``finish`` connects
+    taken: bool = False
+    error: Exception | None = None  # writing on the idle connection failed
 
     def drop(self) -> None:
         if not self.taken and self.conn is not None:
