@@ -25,6 +25,11 @@ other processes: ``sglang_pd.bench.host_usage``) and the engine's stepping secon
 
     flock /tmp/cpu.lock python scripts/bench_prefix_replay.py --warm-requests 300 \
         --num-requests 150 --block-tokens 4 --max-output 1 --qps 3.0 [--off-first]
+
+A window deep in the trace (where its hit rate has settled): ``--warm-requests 3000
+--warm-shared-only`` prefills only the prefixes the window shares with requests 1-3000, and
+``--prompt-tokens-per-s 351`` offers the window's prompt tokens at the rate qps 3.0 offers the
+window 301-450's, whatever the window's length.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import numpy as np
 from sglang_pd.bench.host_usage import metric_sum, snapshot
 from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
 from sglang_pd.core.load_signals import BUSY_WINDOW_S
+from sglang_pd.sim.prefix_cache import shared_prefixes
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,15 +83,30 @@ def prompt_ids(rec: TraceRecord, block_tokens: int, index: int) -> list[int]:
     return ids[:n]
 
 
+def warm_hash_ids(a: argparse.Namespace, warm_recs: list[TraceRecord],
+                  recs: list[TraceRecord]) -> list[tuple[int, int]]:
+    """(warm index, blocks) per warm-up prompt: every prompt whole, or with
+    ``--warm-shared-only`` only the prefixes the window shares (``shared_prefixes``)."""
+    if not a.warm_shared_only:
+        return [(i, len(r.hash_ids)) for i, r in enumerate(warm_recs)]
+    return shared_prefixes([r.hash_ids for r in warm_recs], [r.hash_ids for r in recs])
+
+
 def build_requests(a: argparse.Namespace) -> tuple[list[list[int]], list[Request]]:
     """The warm-up's prompts, and the measured window's requests with arrivals (from 0)
-    rescaled to a mean of ``a.qps``, the trace's gaps kept in shape."""
+    rescaled to a mean of ``a.qps`` (or to ``a.prompt_tokens_per_s`` offered), the trace's
+    gaps kept in shape."""
     warm_recs, recs = load_window(a)
-    warm = [prompt_ids(r, a.block_tokens, i) for i, r in enumerate(warm_recs)]
+    # a shared prefix is whole blocks (the tokens past a prompt's last id are its own)
+    cut = a.block_tokens if a.warm_shared_only else 10**9
+    warm = [prompt_ids(warm_recs[i], a.block_tokens, i)[: k * cut] for i, k in warm_hash_ids(a, warm_recs, recs)]
+    window = [prompt_ids(r, a.block_tokens, a.warm_requests + i) for i, r in enumerate(recs)]
+    if a.prompt_tokens_per_s:
+        a.qps = a.prompt_tokens_per_s * (len(recs) - 1) / sum(map(len, window))
     times = [r.arrival_s or 0.0 for r in recs]
     scale = (len(recs) - 1) / a.qps / max(times[-1] - times[0], 1e-9)
-    out = [((t - times[0]) * scale, prompt_ids(r, a.block_tokens, a.warm_requests + i),
-            max(1, min(r.output_len, a.max_output))) for i, (t, r) in enumerate(zip(times, recs))]
+    out = [((t - times[0]) * scale, ids, max(1, min(r.output_len, a.max_output)))
+           for t, r, ids in zip(times, recs, window)]
     return warm, out
 
 
@@ -226,7 +247,8 @@ def sim_hit_rates(a: argparse.Namespace) -> tuple[float, float, float | None]:
 
     cap = a.max_total_tokens // a.block_tokens * MOONCAKE_BLOCK
     warm_recs, recs = load_window(a)
-    warm, window = [r.hash_ids for r in warm_recs], [(r.hash_ids, r.input_len) for r in recs]
+    warm = [warm_recs[i].hash_ids[:k] for i, k in warm_hash_ids(a, warm_recs, recs)]
+    window = [(r.hash_ids, r.input_len) for r in recs]
     ceiling, model = replay_hit_rate(warm, window), replay_hit_rate(warm, window, cap)
     if a.warm_requests and a.num_requests > a.warm_requests:
         return ceiling, model, None
@@ -267,9 +289,15 @@ def main() -> None:
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--warm-requests", type=int, default=300,
                    help="replay the trace's first N prompts first (prefill only, untimed) to warm the cache")
+    p.add_argument("--warm-shared-only", action="store_true",
+                   help="warm up with only the prefixes the window shares with those prompts (the same "
+                        "ceiling, a fraction of the work: for a window deep in the trace)")
     p.add_argument("--warm-concurrency", type=int, default=8, help="warm-up requests in flight at most")
     p.add_argument("--num-requests", type=int, default=150, help="measured window: the requests after the warm-up")
     p.add_argument("--qps", type=float, default=2.4, help="mean arrival rate after rescaling (req/s)")
+    p.add_argument("--prompt-tokens-per-s", type=float, default=None,
+                   help="set --qps so that the window offers this many prompt tokens per s (equal load "
+                        "across windows of different lengths)")
     p.add_argument("--block-tokens", type=int, default=4, help="tokens per Mooncake block (512 in the trace)")
     p.add_argument("--max-output", type=int, default=4, help="output tokens cap per request")
     p.add_argument("--max-total-tokens", type=int, default=65536, help="engine KV pool (tokens)")
@@ -285,12 +313,13 @@ def main() -> None:
     a = p.parse_args()
     if a.warm_requests < 0 or a.num_requests < 2 or a.warm_concurrency < 1 or a.qps <= 0:
         p.error("need --warm-requests >= 0, --num-requests >= 2, --warm-concurrency >= 1, --qps > 0")
-    a.prime_requests = a.warm_requests if a.prime_requests is None else a.prime_requests
-    if not 0 <= a.prime_requests <= a.warm_requests:
+    if a.prime_requests is not None and not 0 <= a.prime_requests <= a.warm_requests:
         p.error("need 0 <= --prime-requests <= --warm-requests")
     warm, reqs = build_requests(a)
+    a.prime_requests = len(warm) if a.prime_requests is None else min(a.prime_requests, len(warm))
     ceiling, sim, sim_full = sim_hit_rates(a)
-    print(f"Mooncake conversation trace: warm-up = requests 1-{a.warm_requests} (prefill only, untimed), "
+    shared = f", only the {len(warm)} prefixes the window shares" if a.warm_shared_only else ""
+    print(f"Mooncake conversation trace: warm-up = requests 1-{a.warm_requests}{shared} (prefill only, untimed), "
           f"window = the next {len(reqs)} at {a.qps:g} req/s ({sum(len(r[1]) for r in reqs)} prompt tokens); "
           f"{a.block_tokens} tokens per block, <= {a.max_output} output tokens; SmolLM2-135M shape, dummy "
           f"weights, float32, CPU")

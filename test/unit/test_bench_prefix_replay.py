@@ -20,7 +20,10 @@ if str(SCRIPTS) not in sys.path:
 
 import bench_prefix_replay as bpr  # noqa: E402
 
-from sglang_pd.sim.prefix_cache import replay_hit_rate  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sglang_pd.sim.prefix_cache import replay_hit_rate, shared_prefixes  # noqa: E402
 
 # (ms, input_len, hash_ids): request 3 resends request 0's history, request 4 request 1's
 TRACE = [(0, 1024, [1, 2]), (0, 1000, [3, 4]), (500, 600, [5, 6]), (1500, 2048, [1, 2, 7, 8]),
@@ -32,7 +35,7 @@ def _args(tmp_path: Path, warm: int, num: int, **kw: object) -> argparse.Namespa
     path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 9, "hash_ids": h}) + "\n"
                             for t, n, h in TRACE))
     base = dict(trace=path, warm_requests=warm, num_requests=num, qps=2.0, block_tokens=4, max_output=4,
-                max_total_tokens=65536)
+                max_total_tokens=65536, warm_shared_only=False, prompt_tokens_per_s=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -100,3 +103,50 @@ def test_pooled_percentiles_cover_every_run_of_a_side() -> None:
     p50, p90 = res
     assert p50 == pytest.approx(3.0) and p90 == pytest.approx(np.percentile([1, 2, 3, 4, 5], 90))
     assert bpr.pooled([]) is None
+
+
+def test_shared_only_warm_up_keeps_what_the_window_hits(tmp_path: Path) -> None:
+    # the window (requests 3-5) shares blocks 1, 2 with request 0 and 3, 4 with request 1;
+    # request 2 (blocks 5, 6) is never touched, so it is not warmed
+    assert shared_prefixes([[1, 2], [3, 4], [5, 6]], [[1, 2, 7, 8], [3, 4, 9], [10]]) == [(0, 2), (1, 2)]
+    full, _ = bpr.build_requests(_args(tmp_path, 3, 3))
+    warm, reqs = bpr.build_requests(_args(tmp_path, 3, 3, warm_shared_only=True))
+    assert warm == full[:2] and reqs == bpr.build_requests(_args(tmp_path, 3, 3))[1]
+    assert bpr.sim_hit_rates(_args(tmp_path, 3, 3, warm_shared_only=True))[:2] == \
+        bpr.sim_hit_rates(_args(tmp_path, 3, 3))[:2]
+
+
+def test_shared_prefix_is_cut_to_whole_blocks_and_prefers_a_whole_sender() -> None:
+    # the window shares only block 1 of request 0's (1, 2); a prompt that goes on past a block
+    # sent that block whole, so (1, 9)'s sender is preferred for the prefix (1,)
+    assert shared_prefixes([[1], [1, 9], [1, 2]], [[1, 5]]) == [(1, 1)]
+    # one prefix covering another: only the longer is warmed
+    assert shared_prefixes([[1, 2, 3]], [[1, 7], [1, 2, 3, 4]]) == [(0, 3)]
+    assert shared_prefixes([[1, 2]], [[3, 4]]) == []
+
+
+def test_prompt_token_rate_sets_the_mean_arrival_rate(tmp_path: Path) -> None:
+    _, reqs = bpr.build_requests(_args(tmp_path, 3, 3, prompt_tokens_per_s=8.0))
+    # 32 prompt tokens over 2 gaps at 8 tokens/s: the window's arrivals span 4 s
+    assert sum(len(ids) for _, ids, _ in reqs) == 32
+    assert reqs[-1][0] == pytest.approx(4.0)
+
+
+chains = st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=6), min_size=0, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains, chains)
+def test_shared_prefixes_leave_the_ceiling_unchanged(warm: list[list[int]], window: list[list[int]]) -> None:
+    # block ids as Mooncake's (a hash of the block and all before it): make each id name its prefix
+    def chained(ids: list[int]) -> list[int]:
+        return [hash(tuple(ids[: k + 1])) for k in range(len(ids))]
+
+    warm_ids, window_ids = [chained(w) for w in warm], [chained(w) for w in window]
+    kept = shared_prefixes(warm_ids, window_ids)
+    trimmed = [warm_ids[i][:k] for i, k in kept]
+    requests = [(w, 512 * len(w)) for w in window_ids]
+    assert replay_hit_rate(trimmed, requests) == pytest.approx(replay_hit_rate(warm_ids, requests))
+    assert [i for i, _ in kept] == sorted(i for i, _ in kept)
+    assert all(not (a != b and b[: len(a)] == a) for a in trimmed for b in trimmed)
+    assert sum(map(len, trimmed)) <= sum(map(len, warm_ids))

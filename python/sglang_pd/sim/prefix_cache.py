@@ -84,3 +84,33 @@ def replay_hit_rate(warm: Iterable[Sequence[int]], window: Iterable[tuple[Sequen
         cache.match(ids, prompt_len)
         cache.insert(ids)
     return cache.hit_rate
+
+
+def shared_prefixes(warm: Sequence[Sequence[int]], window: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    """What of the warm-up a window can hit: ``(warm index, leading blocks)`` per prefix that
+    some window request shares with a warm prompt (its longest such run of leading blocks),
+    none a prefix of another, in warm-up order. Prefilling only these leaves an unbounded
+    cache holding, for the window, what the whole warm-up would: the window's ceiling is the
+    same, at a fraction of the warm-up's work (a window deep in the trace needs thousands of
+    earlier prompts, most of which it never touches)."""
+    # a prompt that goes on past block k sent block k whole (a prompt may end inside its last
+    # block), so such a sender is preferred; else the first
+    first_sender: dict[tuple[int, ...], int] = {}
+    for i, ids in enumerate(warm):
+        for k in range(1, len(ids) + 1):
+            held = first_sender.setdefault(tuple(ids[:k]), i)
+            if k < len(ids) and len(warm[held]) == k:
+                first_sender[tuple(ids[:k])] = i
+    longest: dict[tuple[int, ...], int] = {}
+    for ids in window:
+        k = 0
+        while k < len(ids) and tuple(ids[: k + 1]) in first_sender:
+            k += 1
+        if k:
+            longest[tuple(ids[:k])] = first_sender[tuple(ids[:k])]
+    # drop a prefix another kept prefix covers (longest first, so the covering one is kept)
+    kept: list[tuple[int, ...]] = []
+    for key in sorted(longest, key=len, reverse=True):
+        if not any(other[: len(key)] == key for other in kept):
+            kept.append(key)
+    return sorted(((longest[key], len(key)) for key in kept), key=lambda t: t[0])
