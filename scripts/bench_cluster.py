@@ -63,7 +63,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench_cluster_report import plot, table
+from bench_cluster_report import plot, rounds_summary, table
 from sglang_pd.bench.host_usage import metric_samples
 from sglang_pd.utils.pinning import pin_engines, restore_self
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
@@ -128,6 +128,7 @@ class Run:
     wall_s: float = 0.0
     load_avg_1m: float = 0.0
     pinned: str = ""  # what --pin-cores did (utils/pinning.py), "" when off
+    round: int = 1  # --rounds: which pass over the setups
     num_requests: int = 0
     completed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
@@ -296,6 +297,12 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     return run
 
 
+def round_plan(names: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, setup) in run order: every other round reversed, so each setup runs early and
+    late (a,b / b,a / a,b ...) and a drift of the host's speed falls on all of them alike."""
+    return [(k, n) for k in range(1, rounds + 1) for n in (names if k % 2 else names[::-1])]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="directory for bench_cluster.{json,md,png} (default: --log-dir)")
@@ -321,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
                     help="the prefill engines on the first core; the decode engine, frontends, router and "
                          "the bench client on the others (utils/pinning.py)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="pass over the setups N times, every other pass in reverse order (a,b,b,a,...): "
+                         "each setup early and late; a summary gives each setup's mean and range")
+    ap.add_argument("--prime", action=argparse.BooleanOptionalAction, default=None,
+                    help="first run the first setup once, unmeasured (default: on, off with --quick): the "
+                         "first cluster of an invocation ran slower on this host (docs/bench_cluster.md)")
     ap.add_argument("--decode-log", action="store_true",
                     help="decode server at --log-level debug: one line per decode decision in its log")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))
@@ -352,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in setups]
     if unknown or not names:
         ap.error(f"unknown setups {unknown}; known: {', '.join(setups)}")
-    if args.rate <= 0 or args.num_prompts < 1 or args.length_scale <= 0:
-        ap.error("--rate, --num-prompts and --length-scale must be positive")
+    if args.rate <= 0 or args.num_prompts < 1 or args.length_scale <= 0 or args.rounds < 1:
+        ap.error("--rate, --num-prompts, --length-scale and --rounds must be positive")
+    args.prime = not args.quick if args.prime is None else args.prime
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     model = Path(args.model_dir) if args.model_dir else log_dir / "smollm2-135m"
@@ -371,14 +385,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * wl['long_fraction']:.0f}% long), {args.rate} req/s over {wl['span_s']:.0f} s; SLOs TTFT "
           f"{args.slo_ttft_short_ms:.0f}/{args.slo_ttft_long_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
           f"logs in {log_dir}; load {load0[0]:.2f}", flush=True)
-    runs = []
-    for i, name in enumerate(names):
-        print(f"[{i + 1}/{len(names)}] {name}: {setups[name].what}", flush=True)
-        r = run_setup(setups[name], args, model, workload, log_dir)
+    if args.prime:  # unmeasured: what a first cluster pays falls here (its row is printed, not kept)
+        print(f"[prime] {names[0]} (not measured)", flush=True)
+        (log_dir / "prime").mkdir(exist_ok=True)
+        r = run_setup(setups[names[0]], args, model, workload, log_dir / "prime")
+        print(f"  {table([r]).splitlines()[-1]}", flush=True)
+    runs: list[Run] = []
+    plan = round_plan(names, args.rounds)
+    for i, (k, name) in enumerate(plan):
+        print(f"[{i + 1}/{len(plan)}] {name}{f' (round {k})' if args.rounds > 1 else ''}: {setups[name].what}",
+              flush=True)
+        rdir = log_dir / f"round{k}" if args.rounds > 1 else log_dir
+        rdir.mkdir(exist_ok=True)
+        r = run_setup(setups[name], args, model, workload, rdir)
+        r.round = k
         runs.append(r)
         print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s\n"
               f"  {table([r], runs[0]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
     md = table(runs)
+    if args.rounds > 1:
+        md += "\n\n" + rounds_summary(runs)
     print("\n" + md)
     out = Path(args.out) if args.out else log_dir
     out.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,8 @@ QUICK_PROMPTS = 14  # bench_cluster --quick's request count (its window size her
 def bench_argv(a: argparse.Namespace, seed: int, log_dir: Path) -> list[str]:
     n = QUICK_PROMPTS if a.quick else a.num_prompts
     argv = [sys.executable, str(REPO / "scripts" / "bench_cluster.py"), "--setups", a.setups,
-            "--seed", str(seed), "--trace-skip", str(seed * n), "--log-dir", str(log_dir), "--trace", a.trace]
+            "--seed", str(seed), "--trace-skip", str(seed * n), "--log-dir", str(log_dir), "--trace", a.trace,
+            "--no-prime"]  # each seed is its own invocation, calibrated and predicted alike
     if a.quick:
         return [*argv, "--quick"]
     return [*argv, "--num-prompts", str(n), "--rate", str(a.rate), "--model-dir", str(a.out / "smollm2-135m")]

@@ -1,0 +1,57 @@
+"""bench_cluster's rounds (issue 34: a claim at the knee rests on several rounds, each setup
+early and late): the run order alternates, deltas compare runs of the same round, and the
+summary counts the rounds that met the bars."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+import bench_cluster as bc  # noqa: E402
+import bench_cluster_report as rep  # noqa: E402
+
+
+@dataclass
+class FakeRun:  # the fields of bench_cluster.Run the report reads
+    setup: str
+    round: int
+    by_class: dict = field(default_factory=dict)
+    overall: dict = field(default_factory=dict)
+    ok: bool = True
+    completed: int = 10
+    num_requests: int = 10
+    errors: dict = field(default_factory=dict)
+
+
+def run(setup: str, k: int, short: float, long: float) -> FakeRun:
+    cls = {"short": {"num_requests": 9, "completed": 9, "ttft_attainment": short},
+           "long": {"num_requests": 1, "completed": 1, "ttft_attainment": long}}
+    return FakeRun(setup, k, cls, {"num_requests": 10, "completed": 10, "slo_attainment": (9 * short + long) / 10,
+                                   "goodput_rps": short})
+
+
+def test_rounds_alternate_the_order() -> None:
+    assert bc.round_plan(["a", "b"], 3) == [(1, "a"), (1, "b"), (2, "b"), (2, "a"), (3, "a"), (3, "b")]
+    assert bc.round_plan(["a", "b", "c"], 1) == [(1, "a"), (1, "b"), (1, "c")]
+    args = bc.build_parser().parse_args(["--rounds", "4", "--no-prime"])
+    assert args.rounds == 4 and args.prime is False
+    assert bc.build_parser().parse_args([]).prime is None  # main: on, off with --quick
+
+
+def test_deltas_compare_within_a_round_and_the_summary_counts_the_bars() -> None:
+    runs = [run("base", 1, 0.40, 1.0), run("ours", 1, 0.75, 1.0),
+            run("ours", 2, 0.60, 0.9), run("base", 2, 0.50, 1.0)]
+    md = rep.table(runs)
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines()[2:]}
+    assert "+35.0 / +0.0" in rows["ours #1"] and "+10.0 / -10.0" in rows["ours #2"]
+    summary = rep.rounds_summary(runs)
+    ours = next(line for line in summary.splitlines() if line.startswith("| ours |"))
+    cells = [c.strip() for c in ours.split("|")[1:-1]]
+    assert cells[1] == "2" and cells[2] == "67.5 / 95.0"
+    assert cells[5] == "+22.5 [+10.0, +35.0]" and cells[6] == "-5.0 [-10.0, +0.0]"
+    assert cells[7] == "1 / 1 of 2"  # +35 met the short bar once; -10 missed the long bar once
