@@ -37,7 +37,8 @@ No CUDA graphs on CPU: the short-prefill graph buckets of the short pool show no
 How long: each setup starts its servers (~35 s on 2 cores), replays the workload's span
 (--num-prompts / --rate: 80 at 1.5 req/s is ~53 s) and drains; ~1-2 min a setup, ~15-25 min
 for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
-whole row: compare two setups in both orders (--setups a,b then b,a). --decode-log: one line
+whole row: --rounds N runs them N times in alternating order (after an unmeasured --prime
+cluster) and summarises each setup's mean and range. --decode-log: one line
 per decode decision in the decode server's log (engine/decode_log.py).
 Pinned (``--pin-cores``, default on; utils/pinning.py): once the cluster is up, the two
 prefill engines share the first core, and the decode engine runs on the other beside the light
