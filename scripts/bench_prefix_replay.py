@@ -86,10 +86,12 @@ def prompt_ids(rec: TraceRecord, block_tokens: int, index: int) -> list[int]:
 def warm_hash_ids(a: argparse.Namespace, warm_recs: list[TraceRecord],
                   recs: list[TraceRecord]) -> list[tuple[int, int]]:
     """(warm index, blocks) per warm-up prompt: every prompt whole, or with
-    ``--warm-shared-only`` only the prefixes the window shares (``shared_prefixes``)."""
+    ``--warm-shared-only`` only the prefixes the window shares (``shared_prefixes``; with
+    ``--warm-bounded`` only those the engine's pool would still hold after the whole warm-up)."""
     if not a.warm_shared_only:
         return [(i, len(r.hash_ids)) for i, r in enumerate(warm_recs)]
-    return shared_prefixes([r.hash_ids for r in warm_recs], [r.hash_ids for r in recs])
+    cap = a.max_total_tokens // a.block_tokens * MOONCAKE_BLOCK if a.warm_bounded else None
+    return shared_prefixes([r.hash_ids for r in warm_recs], [r.hash_ids for r in recs], cap)
 
 
 def build_requests(a: argparse.Namespace) -> tuple[list[list[int]], list[Request]]:
@@ -292,6 +294,9 @@ def main() -> None:
     p.add_argument("--warm-shared-only", action="store_true",
                    help="warm up with only the prefixes the window shares with those prompts (the same "
                         "ceiling, a fraction of the work: for a window deep in the trace)")
+    p.add_argument("--warm-bounded", action="store_true",
+                   help="with --warm-shared-only: only the shared prefixes an LRU cache of --max-total-tokens "
+                        "still holds after the whole warm-up (what the engine's pool would keep)")
     p.add_argument("--warm-concurrency", type=int, default=8, help="warm-up requests in flight at most")
     p.add_argument("--num-requests", type=int, default=150, help="measured window: the requests after the warm-up")
     p.add_argument("--qps", type=float, default=2.4, help="mean arrival rate after rescaling (req/s)")
@@ -313,12 +318,15 @@ def main() -> None:
     a = p.parse_args()
     if a.warm_requests < 0 or a.num_requests < 2 or a.warm_concurrency < 1 or a.qps <= 0:
         p.error("need --warm-requests >= 0, --num-requests >= 2, --warm-concurrency >= 1, --qps > 0")
+    if a.warm_bounded and not a.warm_shared_only:
+        p.error("--warm-bounded goes with --warm-shared-only")
     if a.prime_requests is not None and not 0 <= a.prime_requests <= a.warm_requests:
         p.error("need 0 <= --prime-requests <= --warm-requests")
     warm, reqs = build_requests(a)
     a.prime_requests = len(warm) if a.prime_requests is None else min(a.prime_requests, len(warm))
     ceiling, sim, sim_full = sim_hit_rates(a)
     shared = f", only the {len(warm)} prefixes the window shares" if a.warm_shared_only else ""
+    shared += f" that a {a.max_total_tokens}-token pool keeps" if a.warm_shared_only and a.warm_bounded else ""
     print(f"Mooncake conversation trace: warm-up = requests 1-{a.warm_requests}{shared} (prefill only, untimed), "
           f"window = the next {len(reqs)} at {a.qps:g} req/s ({sum(len(r[1]) for r in reqs)} prompt tokens); "
           f"{a.block_tokens} tokens per block, <= {a.max_output} output tokens; SmolLM2-135M shape, dummy "

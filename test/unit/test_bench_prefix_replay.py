@@ -35,7 +35,7 @@ def _args(tmp_path: Path, warm: int, num: int, **kw: object) -> argparse.Namespa
     path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 9, "hash_ids": h}) + "\n"
                             for t, n, h in TRACE))
     base = dict(trace=path, warm_requests=warm, num_requests=num, qps=2.0, block_tokens=4, max_output=4,
-                max_total_tokens=65536, warm_shared_only=False, prompt_tokens_per_s=None)
+                max_total_tokens=65536, warm_shared_only=False, warm_bounded=False, prompt_tokens_per_s=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -125,6 +125,19 @@ def test_shared_prefix_is_cut_to_whole_blocks_and_prefers_a_whole_sender() -> No
     assert shared_prefixes([[1, 2]], [[3, 4]]) == []
 
 
+def test_a_bounded_warm_up_keeps_what_the_pool_would_still_hold(tmp_path: Path) -> None:
+    # room for 3 blocks: after the warm-up the cache holds 1, 3, 4 (block 2 evicted, least recent)
+    warm, window = [[1, 2], [3, 4]], [[1, 2, 7], [3, 4, 8]]
+    assert shared_prefixes(warm, window, 3 * 512) == [(0, 1), (1, 2)]
+    assert shared_prefixes(warm, window, 4 * 512) == shared_prefixes(warm, window) == [(0, 2), (1, 2)]
+    # the script, a pool of 4 pages (4 tokens, one block each): the warm-up's third prompt
+    # (blocks 5, 6) evicts blocks 2 and 4, so the window finds only the first block of each
+    small = _args(tmp_path, 3, 3, warm_shared_only=True, warm_bounded=True, max_total_tokens=16)
+    warm_ids, _ = bpr.build_requests(small)
+    full, _ = bpr.build_requests(_args(tmp_path, 3, 3))
+    assert warm_ids == [full[0][:4], full[1][:4]]
+
+
 def test_prompt_token_rate_sets_the_mean_arrival_rate(tmp_path: Path) -> None:
     _, reqs = bpr.build_requests(_args(tmp_path, 3, 3, prompt_tokens_per_s=8.0))
     # 32 prompt tokens over 2 gaps at 8 tokens/s: the window's arrivals span 4 s
@@ -150,3 +163,8 @@ def test_shared_prefixes_leave_the_ceiling_unchanged(warm: list[list[int]], wind
     assert [i for i, _ in kept] == sorted(i for i, _ in kept)
     assert all(not (a != b and b[: len(a)] == a) for a in trimmed for b in trimmed)
     assert sum(map(len, trimmed)) <= sum(map(len, warm_ids))
+    # bounded: a cache that holds every block keeps all of it; a smaller one never more
+    total = 512 * (sum(map(len, warm_ids)) + 1)
+    assert shared_prefixes(warm_ids, window_ids, total) == kept
+    small = shared_prefixes(warm_ids, window_ids, 512 * 4)
+    assert replay_hit_rate([warm_ids[i][:k] for i, k in small], requests) <= replay_hit_rate(trimmed, requests) + 1e-9

@@ -86,13 +86,16 @@ def replay_hit_rate(warm: Iterable[Sequence[int]], window: Iterable[tuple[Sequen
     return cache.hit_rate
 
 
-def shared_prefixes(warm: Sequence[Sequence[int]], window: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+def shared_prefixes(warm: Sequence[Sequence[int]], window: Iterable[Sequence[int]],
+                    capacity_tokens: int | None = None) -> list[tuple[int, int]]:
     """What of the warm-up a window can hit: ``(warm index, leading blocks)`` per prefix that
     some window request shares with a warm prompt (its longest such run of leading blocks),
     none a prefix of another, in warm-up order. Prefilling only these leaves an unbounded
     cache holding, for the window, what the whole warm-up would: the window's ceiling is the
     same, at a fraction of the warm-up's work (a window deep in the trace needs thousands of
-    earlier prompts, most of which it never touches)."""
+    earlier prompts, most of which it never touches). With ``capacity_tokens``, only what a
+    cache of that size still holds after the whole warm-up (least recently used evicted): the
+    window then sees the bounded cache's state, not the unbounded one."""
     # a prompt that goes on past block k sent block k whole (a prompt may end inside its last
     # block), so such a sender is preferred; else the first
     first_sender: dict[tuple[int, ...], int] = {}
@@ -101,11 +104,18 @@ def shared_prefixes(warm: Sequence[Sequence[int]], window: Iterable[Sequence[int
             held = first_sender.setdefault(tuple(ids[:k]), i)
             if k < len(ids) and len(warm[held]) == k:
                 first_sender[tuple(ids[:k])] = i
+    bounded = None
+    if capacity_tokens is not None:
+        bounded = PrefixCache(capacity_tokens)
+        for ids in warm:
+            bounded.insert(ids)
     longest: dict[tuple[int, ...], int] = {}
     for ids in window:
         k = 0
         while k < len(ids) and tuple(ids[: k + 1]) in first_sender:
             k += 1
+        if bounded is not None:  # the blocks the bounded cache still holds (a lookup, no insert)
+            k = min(k, bounded.match(ids, (len(ids) + 1) * BLOCK_TOKENS) // BLOCK_TOKENS)
         if k:
             longest[tuple(ids[:k])] = first_sender[tuple(ids[:k])]
     # drop a prefix another kept prefix covers (longest first, so the covering one is kept)
