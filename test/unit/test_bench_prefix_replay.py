@@ -131,11 +131,12 @@ def test_a_bounded_warm_up_keeps_what_the_pool_would_still_hold(tmp_path: Path) 
     assert shared_prefixes(warm, window, 3 * 512) == [(0, 1), (1, 2)]
     assert shared_prefixes(warm, window, 4 * 512) == shared_prefixes(warm, window) == [(0, 2), (1, 2)]
     # the script, a pool of 4 pages (4 tokens, one block each): the warm-up's third prompt
-    # (blocks 5, 6) evicts blocks 2 and 4, so the window finds only the first block of each
+    # (blocks 5, 6) evicts request 0's path (block 2, then block 1, the least recent leaves):
+    # the window finds request 1's prompt only
     small = _args(tmp_path, 3, 3, warm_shared_only=True, warm_bounded=True, max_total_tokens=16)
     warm_ids, _ = bpr.build_requests(small)
     full, _ = bpr.build_requests(_args(tmp_path, 3, 3))
-    assert warm_ids == [full[0][:4], full[1][:4]]
+    assert warm_ids == [full[1]]
 
 
 def test_prompt_token_rate_sets_the_mean_arrival_rate(tmp_path: Path) -> None:
