@@ -22,6 +22,7 @@ import numpy as np
 class Window:
     first: int  # the window's first request (1-based)
     size: int  # requests in the window
+    warm: str  # the warm-up: "all" earlier prompts, their "shared" prefixes, or those a "pool" keeps
     ceiling: float
     hit_rate: float  # the engine's, from meta_info cached_tokens
     sim_hit_rate: float  # the simulator's cache model
@@ -43,7 +44,9 @@ def read_window(path: Path) -> Window:
     if not on or not off:
         raise SystemExit(f"{path}: needs cache-on and cache-off runs")
     step = {side: float(np.mean([r["step_s"] for r in runs])) for side, runs in (("on", on), ("off", off))}
-    return Window(first=int(d["args"]["warm_requests"]) + 1, size=int(d["args"]["num_requests"]), ceiling=d["ceiling"],
+    args = d["args"]
+    warm = "all" if args.get("warm_shared_only") != "True" else "pool" if args.get("warm_bounded") == "True" else "shared"
+    return Window(first=int(args["warm_requests"]) + 1, size=int(args["num_requests"]), warm=warm, ceiling=d["ceiling"],
                   hit_rate=float(np.mean([r["hit_rate"] for r in on])), sim_hit_rate=d["sim_hit_rate"],
                   qps=float(d["args"]["qps"]), off_load=float(np.mean([r["load"] for r in off])),
                   step_cut=1 - step["on"] / step["off"],
@@ -51,11 +54,11 @@ def read_window(path: Path) -> Window:
 
 
 def table(windows: list[Window]) -> str:
-    head = ("| window | ceiling | hit rate: engine / sim (pts) | qps | off load | stepping cut "
+    head = ("| window | warm-up | ceiling | hit rate: engine / sim (pts) | qps | off load | stepping cut "
             "| TTFT p50 off/on | TTFT p90 off/on |")
-    rows = [head, "|---|---|---|---|---|---|---|---|"]
+    rows = [head, "|---|---|---|---|---|---|---|---|---|"]
     for w in windows:
-        rows.append(f"| {w.first}-{w.first + w.size - 1} | {w.ceiling:.1%} | {w.hit_rate:.1%} / "
+        rows.append(f"| {w.first}-{w.first + w.size - 1} | {w.warm} | {w.ceiling:.1%} | {w.hit_rate:.1%} / "
                     f"{100 * (w.sim_hit_rate - w.hit_rate):+.1f} | {w.qps:.2f} | {w.off_load:.2f} "
                     f"| {w.step_cut:.0%} | {w.p50_ratio:.2f}x | {w.p90_ratio:.2f}x |")
     return "\n".join(rows)
@@ -68,11 +71,18 @@ def plot(windows: list[Window], path: Path) -> None:
 
     fig = Figure(figsize=(6.5, 4.2), layout="constrained")
     ax = fig.subplots()
-    hits = [100 * w.hit_rate for w in windows]
-    ax.scatter(hits, [w.p50_ratio for w in windows], label="TTFT p50 off/on", color="tab:blue")
-    ax.scatter(hits, [w.p90_ratio for w in windows], label="TTFT p90 off/on", color="tab:orange", marker="^")
-    for w, h in zip(windows, hits):
-        ax.annotate(str(w.first), (h, w.p50_ratio), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for warm, face in (("all", "full"), ("shared", "full"), ("pool", "none")):
+        mine = [w for w in windows if w.warm == warm]
+        if not mine:
+            continue
+        hits = [100 * w.hit_rate for w in mine]
+        tag = "" if warm != "pool" else " (pool-bounded warm-up)"
+        ax.scatter(hits, [w.p50_ratio for w in mine], label=f"TTFT p50 off/on{tag}", edgecolors="tab:blue",
+                   facecolors="tab:blue" if face == "full" else "none")
+        ax.scatter(hits, [w.p90_ratio for w in mine], label=f"TTFT p90 off/on{tag}", marker="^",
+                   edgecolors="tab:orange", facecolors="tab:orange" if face == "full" else "none")
+        for w, h in zip(mine, hits):
+            ax.annotate(str(w.first), (h, w.p50_ratio), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.axhline(2.0, color="grey", ls="--", lw=1, label="2x (the bar, p50)")
     ax.set_xlabel("window hit rate (% of prompt tokens cached, engine)")
     ax.set_ylabel("cache off / cache on")
@@ -86,7 +96,7 @@ def main() -> None:
     ap.add_argument("files", type=Path, nargs="+", help="bench_prefix_replay.py --out JSON files")
     ap.add_argument("--png", type=Path, default=None)
     a = ap.parse_args()
-    windows = sorted((read_window(f) for f in a.files), key=lambda w: w.first)
+    windows = sorted((read_window(f) for f in a.files), key=lambda w: (w.first, w.warm))
     print(table(windows))
     if a.png:
         plot(windows, a.png)
