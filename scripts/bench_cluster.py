@@ -64,7 +64,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench_cluster_report import plot, rounds_summary, table
+from bench_cluster_report import plot, rounds_spread, rounds_summary, table
 from sglang_pd.bench.host_usage import metric_samples
 from sglang_pd.utils.pinning import pin_engines, restore_self
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
               f"  {table([r], runs[0]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
     md = table(runs)
     if args.rounds > 1:
-        md += "\n\n" + rounds_summary(runs)
+        md += "\n\n" + rounds_summary(runs) + "\n\nRun-to-run spread (mean abs deviation from the setup's mean):\n\n" \
+            + rounds_spread(runs)
     print("\n" + md)
     out = Path(args.out) if args.out else log_dir
     out.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,31 @@ def rounds_summary(runs: list[Any], short_bar: float = 30.0, long_bar: float = -
     return "\n".join(rows)
 
 
+def rounds_spread(runs: list[Any]) -> str:
+    """How far one run of a setup strays from its own mean over the rounds (identical requests,
+    identical arrivals): per class, the mean absolute deviation of TTFT and TPOT p50/p90 from
+    their mean, in % of it. What a simulator predicting one run is up against (issue 34's
+    fidelity bar asks 5% mean, 10% at most)."""
+    metrics = [(cls, key) for cls in ("short", "long") for key in
+               ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")]
+    names = {"median_ttft_ms": "TTFT p50", "p90_ttft_ms": "TTFT p90", "median_tpot_ms": "TPOT p50",
+             "p90_tpot_ms": "TPOT p90"}
+    head = "| setup | rounds | " + " | ".join(f"{cls} {names[key]}" for cls, key in metrics) + " | mean |"
+    rows = [head, "|" + "---|" * (len(metrics) + 3)]
+    for name in dict.fromkeys(r.setup for r in runs):
+        mine = [r for r in runs if r.setup == name]
+        if len(mine) < 2:
+            continue
+        spreads = []
+        for cls, key in metrics:
+            xs = [float(v) for r in mine if (v := _get(r, cls, key)) is not None]
+            m = _mean(xs)
+            spreads.append(100 * _mean([abs(x - m) for x in xs]) / m if len(xs) > 1 and m else float("nan"))
+        rows.append(f"| {name} | {len(mine)} | " + " | ".join("-" if x != x else f"{x:.1f}%" for x in spreads)
+                    + f" | {_mean([x for x in spreads if x == x]):.1f}% |")
+    return "\n".join(rows)
+
+
 def plot(runs: list[Any], args: argparse.Namespace, path: Any) -> bool:
     try:
         from matplotlib.figure import Figure

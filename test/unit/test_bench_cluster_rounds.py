@@ -55,3 +55,15 @@ def test_deltas_compare_within_a_round_and_the_summary_counts_the_bars() -> None
     assert cells[1] == "2" and cells[2] == "67.5 / 95.0"
     assert cells[5] == "+22.5 [+10.0, +35.0]" and cells[6] == "-5.0 [-10.0, +0.0]"
     assert cells[7] == "1 / 1 of 2"  # +35 met the short bar once; -10 missed the long bar once
+
+
+def test_spread_is_each_runs_distance_from_the_setups_mean() -> None:
+    runs = [run("base", 1, 0.4, 1.0), run("ours", 1, 0.7, 1.0), run("ours", 2, 0.6, 1.0)]
+    for r, p90 in zip(runs, (900.0, 800.0, 1200.0)):
+        r.by_class["short"]["p90_ttft_ms"] = p90
+    spread = rep.rounds_spread(runs)
+    ours = next(line for line in spread.splitlines() if line.startswith("| ours |"))
+    cells = [c.strip() for c in ours.split("|")[1:-1]]
+    assert cells[1] == "2" and cells[3] == "20.0%"  # 800 and 1200 lie 200 from their mean 1000
+    assert cells[2] == "-" and cells[-1] == "20.0%"  # no p50 recorded: left out of the mean
+    assert "| base |" not in spread  # one round: no spread
