@@ -149,7 +149,8 @@ def plot(runs: list[Any], args: argparse.Namespace, path: Any) -> bool:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
-    names = [r.setup for r in runs]
+    rounds = any(_round(r) > 1 for r in runs)
+    names = [f"{r.setup} #{_round(r)}" if rounds else r.setup for r in runs]
     fig = Figure(figsize=(max(10, 1.3 * len(runs) + 4), 4.5), layout="constrained")
     a1, a2 = fig.subplots(1, 2)
     grouped_bars(a1, names, [(f"{cls} p90", [(_get(r, cls, "p90_ttft_ms") or 0) / 1e3 for r in runs])
