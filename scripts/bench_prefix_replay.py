@@ -173,7 +173,10 @@ async def busy_seconds(url: str, client: httpx.AsyncClient, stop_at: asyncio.Eve
 async def replay(url: str, reqs: list[Request]) -> tuple[list[tuple[float, int, int]], tuple[float, float]]:
     """The measured window: per request (TTFT, cached, prompt tokens); the engine's busy s and
     the slowest load poll."""
-    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=len(reqs) + 8)) as client:
+    # no kept-alive connections: the trace's gaps outlast uvicorn's 5-s keep-alive, and a pooled
+    # connection the server is closing just then fails the request (httpx.ReadError, seen once)
+    limits = httpx.Limits(max_connections=len(reqs) + 8, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
         done = asyncio.Event()
         meter = asyncio.create_task(busy_seconds(url, client, done))
         t0 = time.monotonic() + 0.5
