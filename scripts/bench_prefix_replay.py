@@ -99,9 +99,11 @@ def build_requests(a: argparse.Namespace) -> tuple[list[list[int]], list[Request
     rescaled to a mean of ``a.qps`` (or to ``a.prompt_tokens_per_s`` offered), the trace's
     gaps kept in shape."""
     warm_recs, recs = load_window(a)
-    # a shared prefix is whole blocks (the tokens past a prompt's last id are its own)
-    cut = a.block_tokens if a.warm_shared_only else 10**9
-    warm = [prompt_ids(warm_recs[i], a.block_tokens, i)[: k * cut] for i, k in warm_hash_ids(a, warm_recs, recs)]
+    warm = []
+    for i, blocks in warm_hash_ids(a, warm_recs, recs):
+        ids = prompt_ids(warm_recs[i], a.block_tokens, i)
+        # a shared prefix is whole blocks (the tokens past a prompt's last id are its own)
+        warm.append(ids[: blocks * a.block_tokens] if a.warm_shared_only else ids)
     window = [prompt_ids(r, a.block_tokens, a.warm_requests + i) for i, r in enumerate(recs)]
     if a.prompt_tokens_per_s:
         a.qps = a.prompt_tokens_per_s * (len(recs) - 1) / sum(map(len, window))
@@ -372,6 +374,8 @@ def main() -> None:
     hit = next((r for r in runs if r["cache"]), runs[0])
     full = "n/a (window longer than the warm-up)" if sim_full is None else \
         f"{sim_full:.1%} ({100 * (sim_full - hit['hit_rate']):+.1f} points)"
+    if sim_full is not None and a.warm_shared_only and not a.warm_bounded:
+        full += " (every earlier request through the bounded pool, not the shared-only warm-up the engine had)"
     print(f"window hit rate: engine {hit['hit_rate']:.1%} (meta_info cached_tokens; with the warm-up "
           f"{hit['hit_rate_with_warm']:.1%}); simulator's cache model {sim:.1%} ({100 * (sim - hit['hit_rate']):+.1f} "
           f"points); whole simulator (lookup at arrival only) {full}")
