@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_prefix_replay import pooled  # the replay's own pooling of a side's runs (scripts/ is on the path)
+
 
 @dataclass(frozen=True)
 class Window:
@@ -33,10 +35,6 @@ class Window:
     p90_ratio: float
 
 
-def _pooled(runs: list[dict], q: float) -> float:
-    return float(np.percentile(np.concatenate([np.asarray(r["ttft_s"], dtype=float) for r in runs]), q))
-
-
 def read_window(path: Path) -> Window:
     d = json.loads(path.read_text())
     on = [r for r in d["runs"] if r["cache"]]
@@ -44,13 +42,15 @@ def read_window(path: Path) -> Window:
     if not on or not off:
         raise SystemExit(f"{path}: needs cache-on and cache-off runs")
     step = {side: float(np.mean([r["step_s"] for r in runs])) for side, runs in (("on", on), ("off", off))}
+    off_ttft, on_ttft = pooled(off), pooled(on)
+    assert off_ttft is not None and on_ttft is not None  # both sides present, checked above
     args = d["args"]
     warm = "all" if args.get("warm_shared_only") != "True" else "pool" if args.get("warm_bounded") == "True" else "shared"
     return Window(first=int(args["warm_requests"]) + 1, size=int(args["num_requests"]), warm=warm, ceiling=d["ceiling"],
                   hit_rate=float(np.mean([r["hit_rate"] for r in on])), sim_hit_rate=d["sim_hit_rate"],
                   qps=float(d["args"]["qps"]), off_load=float(np.mean([r["load"] for r in off])),
                   step_cut=1 - step["on"] / step["off"],
-                  p50_ratio=_pooled(off, 50) / _pooled(on, 50), p90_ratio=_pooled(off, 90) / _pooled(on, 90))
+                  p50_ratio=off_ttft[0] / on_ttft[0], p90_ratio=off_ttft[1] / on_ttft[1])
 
 
 def table(windows: list[Window]) -> str:
