@@ -47,7 +47,10 @@ its own device. Unpinned, decode and prefill engines took turns on both cores, s
 decode step (a smaller batch under slack+) took prefill time, which it does not on PD hardware,
 and every run moved with whatever else woke up. (All three engines on one core, tried first,
 was worse: decode's continuous small steps took a third of the prefill core, and both stacks
-were past their knee at 1.0 req/s.)
+were past their knee at 1.0 req/s.) ``--pin-layout split``: prefill0 (ours: the short role) alone
+on the first core, as on its own device, and the long prefill beside decode on the other;
+``--pin-layout priority``: as shared, with prefill1's engine at nice +10 in every setup, so
+prefill0 (ours: the short role) takes the core whenever it has work.
 """
 
 from __future__ import annotations
@@ -66,11 +69,12 @@ from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
 from sglang_pd.bench.host_usage import metric_samples
-from sglang_pd.utils.pinning import pin_engines, restore_self
+from sglang_pd.utils.pinning import lower_priority, pin_engines, restore_self
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_LAG_S = 1.5  # engines push their step samples every second (engine_process.py)
+PRIORITY_NICE = 10  # --pin-layout priority: prefill1's engine yields the shared core to prefill0's
 OURS_PREFILL = ["--prefill-policy", "kairos+", "--prefill-queues", "dual"]
 
 
@@ -254,10 +258,14 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     try:
         url = start_cluster(s, args, model, log_dir, env, procs, urls)
         print(f"  [{s.name}] cluster up in {time.monotonic() - t0:.1f} s", flush=True)
-        if args.pin_cores:  # prefill engines on one core; decode, router, client on the others
-            run.pinned = pin_engines([p.pid for n, p in procs if n.startswith("prefill")],
+        if args.pin_cores:  # the layout's own-core engines on the first core; the rest on the others
+            alone = pinned_alone(args.pin_layout)
+            run.pinned = pin_engines([p.pid for n, p in procs if n in alone],
                                      [p.pid for n, p in procs if n == "router"],
-                                     rest_servers=[p.pid for n, p in procs if n == "decode"])
+                                     rest_servers=[p.pid for n, p in procs if n not in alone and n != "router"])
+            if args.pin_layout == "priority":  # every setup alike: prefill0 first on the shared core
+                run.pinned += "; prefill1's " + lower_priority([p.pid for n, p in procs if n == "prefill1"],
+                                                                PRIORITY_NICE)
             print(f"  [{s.name}] pinned: {run.pinned}", flush=True)
         bench = [sys.executable, "-m", "sglang_pd.bench_serving", "--base-url", url, "--backend", "sglang",
                  "--dataset-name", "trace", "--dataset-path", str(workload),
@@ -298,6 +306,26 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     return run
 
 
+def run_measured(s: Setup, args: argparse.Namespace, model: Path, workload: Path, log_dir: Path) -> Run:
+    """:func:`run_setup`, started once more if its cluster never came up (a server's or the
+    router's /health never answered: nothing was measured, so the row would only say that);
+    a run that failed while measuring is kept as it is."""
+    r = run_setup(s, args, model, workload, log_dir)
+    if not r.ok and "not healthy" in r.problem:
+        print(f"  [{s.name}] {r.problem}; starting it again", flush=True)
+        r = run_setup(s, args, model, workload, log_dir)
+    return r
+
+
+def pinned_alone(layout: str) -> tuple[str, ...]:
+    """The servers whose engines get the first core under ``--pin-layout``: "shared" and
+    "priority" both prefill engines (decode beside the light processes on the other core;
+    "priority" then lowers prefill1's engine to nice PRIORITY_NICE), "split" prefill0 alone
+    (ours: the short-role instance, as on its own device; the long prefill and the decode share
+    the other core with the light processes)."""
+    return ("prefill0",) if layout == "split" else ("prefill0", "prefill1")
+
+
 def round_plan(names: list[str], rounds: int) -> list[tuple[int, str]]:
     """(round, setup) in run order: every other round reversed, so each setup runs early and
     late (a,b / b,a / a,b ...) and a drift of the host's speed falls on all of them alike."""
@@ -329,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
                     help="the prefill engines on the first core; the decode engine, frontends, router and "
                          "the bench client on the others (utils/pinning.py)")
+    ap.add_argument("--pin-layout", choices=("shared", "split", "priority"), default="shared",
+                    help="with --pin-cores: shared = both prefill engines on the first core; split = prefill0 "
+                         "(ours: the short role) alone there, prefill1 and decode on the other; priority = as "
+                         "shared, prefill1's engine at nice +10 in every setup (prefill0 runs whenever it has "
+                         "work, as on its own device; prefill1 gets the rest)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="pass over the setups N times, every other pass in reverse order (a,b,b,a,...): "
                          "each setup early and late; a summary gives each setup's mean and range")
@@ -398,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         rdir = log_dir / f"round{k}" if args.rounds > 1 else log_dir
         rdir.mkdir(exist_ok=True)
-        r = run_setup(setups[name], args, model, workload, rdir)
+        r = run_measured(setups[name], args, model, workload, rdir)
         r.round = k
         runs.append(r)
         print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s\n"

@@ -15,6 +15,9 @@
 
 Writes OUT/seedS/ (bench_cluster's logs and records), OUT/calibration.json, OUT/fidelity.md.
 ``--quick``: bench_cluster's quick workload (tiny model, 14 requests) and one predicted seed.
+``--rounds N``: each seed's window runs N times (identical requests and arrivals); the bar's
+figures are then each seed's mean over its N runs, engine and simulator alike, since one run
+strays 12-19% from that mean at 80 requests (docs/bench_cluster.md). Calibrated on seed 0's first round.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def bench_argv(a: argparse.Namespace, seed: int, log_dir: Path) -> list[str]:
     argv = [sys.executable, str(REPO / "scripts" / "bench_cluster.py"), "--setups", a.setups,
             "--seed", str(seed), "--trace-skip", str(seed * n), "--log-dir", str(log_dir), "--trace", a.trace,
             "--no-prime"]  # each seed is its own invocation, calibrated and predicted alike
+    if a.rounds > 1:  # the same window N times: the simulator is compared with the runs' mean
+        argv += ["--rounds", str(a.rounds)]
     if a.quick:
         return [*argv, "--quick"]
     return [*argv, "--num-prompts", str(n), "--rate", str(a.rate), "--model-dir", str(a.out / "smollm2-135m")]
@@ -51,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default="azure-conv")
     ap.add_argument("--num-prompts", type=int, default=80, help="requests per seed window")
     ap.add_argument("--rate", type=float, default=1.5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each seed's window N times (bench_cluster --rounds); each seed's engine figures "
+                         "are then the mean over its N runs, and so are the simulator's")
     ap.add_argument("--profile", type=Path, default=None, help="cost profile JSON (default: OUT/profile.json, "
                     "measured first if missing)")
     ap.add_argument("--profile-repeats", type=int, default=3)
@@ -63,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds = 1
-    if a.seeds < 1 or a.num_prompts < 1 or a.rate <= 0:
-        ap.error("--seeds, --num-prompts and --rate must be positive")
+    if a.seeds < 1 or a.num_prompts < 1 or a.rate <= 0 or a.rounds < 1:
+        ap.error("--seeds, --num-prompts, --rate and --rounds must be positive")
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     dirs = [a.out / f"seed{s}" for s in range(a.seeds + 1)]

@@ -194,6 +194,25 @@ def fidelity_table(runs: list[dict[tuple[str, str], float]]) -> tuple[str, dict[
     return "\n".join(lines), met
 
 
+def run_dirs(bench: Path) -> list[Path]:
+    """The runs of one bench_cluster invocation: its ``roundK`` dirs (``--rounds``: the same
+    requests at the same times, K = 1..N), else the dir itself."""
+    rounds = sorted(bench.glob("round[0-9]*"), key=lambda d: int(d.name[5:]))
+    return rounds or [bench]
+
+
+def mean_by_class(summaries: list[dict]) -> dict:
+    """Per class, each figure's mean over runs of the same requests (``by_class`` summaries):
+    what one run's percentile strays around (docs/bench_cluster.md, "the engine against itself")."""
+    out: dict[str, dict[str, float]] = {}
+    for cls in CLASSES:
+        for key in [k for _, k in ROWS] + ["ttft_attainment"]:
+            vals = [s[cls][key] for s in summaries if (s.get(cls) or {}).get(key) is not None]
+            if vals:
+                out.setdefault(cls, {})[key] = sum(vals) / len(vals)
+    return out
+
+
 def load_run(bench: Path, name: str) -> dict | None:
     """bench_serving's record of ``name`` in a bench_cluster log dir (None: missing or no details)."""
     path = bench / f"{name}.jsonl"
@@ -295,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in a.setups.split(",") if n.strip()]
     cals: dict[str, Calibration] = {}
     if a.calibrate_from:
-        src = Path(a.calibrate_from)
-        cfg = _config(src)
+        cfg = _config(Path(a.calibrate_from))
+        src = run_dirs(Path(a.calibrate_from))[0]  # with --rounds: fitted on round 1
         for name in names:
             flags, rec = sim_argv(name, cfg, a), load_run(src, name)
             steps = src / f"{name}_steps.json"
@@ -318,21 +337,27 @@ def main(argv: list[str] | None = None) -> int:
         slo = _slo(cfg)
         print(f"\n{bench} (seed {cfg['seed']}, trace from request {cfg.get('trace_skip', 0)})\n"
               "| class | metric | engine | simulator | error |\n|---|---|---|---|---|")
+        dirs = run_dirs(bench)
         for name in names:
-            flags, rec = sim_argv(name, cfg, a), load_run(bench, name)
-            if flags is None or rec is None:
+            flags, recs = sim_argv(name, cfg, a), [load_run(d, name) for d in dirs]
+            if flags is None or None in recs:
                 why = "not expressible in the simulator" if flags is None else "no run with per-request details"
                 print(f"| {name} | skipped ({why}) | | | |")
                 continue
-            real = rec.get("by_class") or {}
             cal = cals.get(name)
-            res, _ = replay(flags, rec, cal)
-            lines, errs = compare(real, by_class(res, slo))
+            sims = [replay(flags, rec, cal)[0] for rec in recs if rec]
+            # several rounds: the engine's mean against the simulator's (its replays differ only by send jitter)
+            real = mean_by_class([rec.get("by_class") or {} for rec in recs if rec])
+            lines, errs = compare(real, mean_by_class([by_class(res, slo) for res in sims]))
             errors[name].append(errs)
-            print(f"| **{name}** | {sum(r['num_requests'] for r in real.values())} requests | | | |")
+            n = sum(r["num_requests"] for r in (recs[0] or {}).get("by_class", {}).values())
+            print(f"| **{name}** | {n} requests" + (f", mean of {len(dirs)} rounds" if len(dirs) > 1 else "")
+                  + " | | | |")
             print("\n".join(lines))
-            if cal and (bench / f"{name}_steps.json").exists():
-                print(drift(res, rec, json.loads((bench / f"{name}_steps.json").read_text())))
+            for d, res, rec in zip(dirs, sims, recs):
+                if cal and rec and (d / f"{name}_steps.json").exists():
+                    print(("" if len(dirs) == 1 else f"{d.name}: ")
+                          + drift(res, rec, json.loads((d / f"{name}_steps.json").read_text())))
     for name, runs in errors.items():
         if runs:
             md, met = fidelity_table(runs)

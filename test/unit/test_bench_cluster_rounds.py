@@ -67,3 +67,31 @@ def test_spread_is_each_runs_distance_from_the_setups_mean() -> None:
     assert cells[1] == "2" and cells[3] == "20.0%"  # 800 and 1200 lie 200 from their mean 1000
     assert cells[2] == "-" and cells[-1] == "20.0%"  # no p50 recorded: left out of the mean
     assert "| base |" not in spread  # one round: no spread
+
+
+def test_a_cluster_that_never_came_up_is_started_once_more(monkeypatch) -> None:
+    """run_measured: a run whose servers never answered /health measured nothing and is run
+    again (once); a run that failed while measuring is kept as it failed."""
+    calls: list[str] = []
+
+    def fake(problems: list[str]):
+        def run_setup(s, args, model, workload, log_dir):
+            calls.append(s.name)
+            problem = problems.pop(0)
+            return bc.Run(s.name, ok=not problem, problem=problem)
+        return run_setup
+
+    setup = bc._setups(4)["ours"]
+    down = "decode not healthy in 120 s (rc=None)"
+    for problems, want_calls, want_ok in (([down, ""], 2, True), ([down, down], 2, False),
+                                          (["3 failed: {}", ""], 1, False), ([""], 1, True)):
+        calls.clear()
+        monkeypatch.setattr(bc, "run_setup", fake(list(problems)))
+        r = bc.run_measured(setup, None, Path("m"), Path("w"), Path("l"))
+        assert (len(calls), r.ok) == (want_calls, want_ok), problems
+
+
+def test_pin_layouts_name_the_engines_on_the_first_core() -> None:
+    assert bc.pinned_alone("shared") == bc.pinned_alone("priority") == ("prefill0", "prefill1")
+    assert bc.pinned_alone("split") == ("prefill0",)
+    assert bc.build_parser().parse_args([]).pin_layout == "shared"

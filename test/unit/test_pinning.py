@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sglang_pd.utils.pinning import children, engine_pids, pin_engines, restore_self, threads
+from sglang_pd.utils.pinning import children, engine_pids, lower_priority, pin_engines, restore_self, threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                                 reason="needs Linux with at least 2 usable cores")
@@ -77,3 +77,22 @@ def test_engines_on_the_first_core_everything_else_on_the_rest(tmp_path) -> None
             p.kill()
             p.wait()
     assert _affinity(os.getpid()) == {frozenset(saved)}
+
+
+def test_lower_priority_reaches_every_engine_thread_and_only_the_engine(tmp_path) -> None:
+    """bench_cluster --pin-layout priority: a server's engine threads at the niceness asked for,
+    its frontend untouched."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    server = _start(script)
+    try:
+        engine = _engine(server, time.monotonic() + 20)
+        before = os.getpriority(os.PRIO_PROCESS, server.pid)
+        if before > 14:
+            pytest.skip(f"already at nice {before}: no room to lower it by 5")
+        assert lower_priority([server.pid], before + 5) == f"1 engine(s) at nice {before + 5:+d}"
+        assert {os.getpriority(os.PRIO_PROCESS, t) for t in threads(engine)} == {before + 5}
+        assert os.getpriority(os.PRIO_PROCESS, server.pid) == before
+    finally:
+        server.kill()
+        server.wait()

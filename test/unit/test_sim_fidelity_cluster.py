@@ -82,3 +82,43 @@ def test_calibrating_and_testing_on_one_run_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit, match="never fit and test"):
         sfc.main(["--bench-dir", str(tmp_path), "--calibrate-from", str(tmp_path), "--profile", "x.json"])
+
+
+def test_rounds_are_found_in_order_and_a_plain_dir_is_one_run(tmp_path: Path) -> None:
+    assert sfc.run_dirs(tmp_path) == [tmp_path]
+    for k in (10, 2, 1):
+        (tmp_path / f"round{k}").mkdir()
+    assert [d.name for d in sfc.run_dirs(tmp_path)] == ["round1", "round2", "round10"]
+
+
+def test_mean_by_class_averages_each_figure_over_the_runs_that_have_it() -> None:
+    runs = [{"short": {"median_ttft_ms": 100.0, "p90_ttft_ms": 300.0, "ttft_attainment": 0.5}},
+            {"short": {"median_ttft_ms": 200.0, "p90_ttft_ms": None, "ttft_attainment": 1.0},
+             "long": {"median_ttft_ms": 900.0}}]
+    assert sfc.mean_by_class(runs) == {"short": {"median_ttft_ms": 150.0, "p90_ttft_ms": 300.0,
+                                                 "ttft_attainment": 0.75},
+                                       "long": {"median_ttft_ms": 900.0}}
+
+
+def test_a_bench_dir_with_rounds_is_compared_by_its_mean(tmp_path: Path, capsys) -> None:
+    """Two rounds of one window: the engine figure printed is the rounds' mean, and the
+    simulator's (deterministic: the same requests) is compared with it."""
+    import json
+
+    argv = sfc.sim_argv("ours", CFG, OPTS)
+    assert argv is not None
+    rec = {"start_times": [0.1 * i for i in range(8)], "input_lens": [64, 80, 2048, 100, 90, 3000, 50, 70],
+           "output_lens": [8] * 8}
+    sim = sfc.simulate(argv, rec, SloSpec(1000.0, 250.0, 5000.0, 257))
+    p50 = sim["short"]["median_ttft_ms"]
+    (tmp_path / "bench_cluster.json").write_text(json.dumps({"config": CFG}))
+    for k, factor in ((1, 0.5), (2, 1.5)):  # the engine's runs straddle the simulator's figure
+        d = tmp_path / f"round{k}"
+        d.mkdir()
+        by_class = {c: {**v, "median_ttft_ms": v["median_ttft_ms"] * factor} for c, v in sim.items()}
+        (d / "ours.jsonl").write_text(json.dumps({**rec, "by_class": by_class}) + "\n")
+    assert sfc.main(["--bench-dir", str(tmp_path), "--profile", OPTS.profile,
+                     "--kv-capacity-tokens", "65536", "--kv-bytes-per-token", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "mean of 2 rounds" in out
+    assert f"| short | TTFT p50 (ms) | {p50:.0f} | {p50:.0f} | +0.0% |" in out
