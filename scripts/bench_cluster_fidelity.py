@@ -17,7 +17,8 @@ Writes OUT/seedS/ (bench_cluster's logs and records), OUT/calibration.json, OUT/
 ``--quick``: bench_cluster's quick workload (tiny model, 14 requests) and one predicted seed.
 ``--rounds N``: each seed's window runs N times (identical requests and arrivals); the bar's
 figures are then each seed's mean over its N runs, engine and simulator alike, since one run
-strays 12-19% from that mean at 80 requests (docs/bench_cluster.md). Calibrated on seed 0's first round.
+strays 12-19% from that mean at 80 requests (docs/bench_cluster.md). Calibrated on each of seed
+0's rounds, the fits averaged (``Calibration.mean``).
 """
 
 from __future__ import annotations

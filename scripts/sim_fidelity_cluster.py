@@ -267,6 +267,29 @@ def drift(res: SimResult, rec: dict, steps: dict) -> str:
             + ", ".join(f"{n} x{r:.2f}" for n, r in ratio.items()))
 
 
+def fit_on(src: Path, name: str, a: argparse.Namespace) -> tuple[Calibration, str]:
+    """Setup ``name``'s calibration fitted on the bench_cluster run(s) in ``src`` (with
+    ``--rounds``: each round fitted, the fits averaged) and what to print of it: the factors,
+    per round where there are several, and the in-sample diagnosis on the first run."""
+    cfg = _config(src)
+    fits, lines, first = [], [], None
+    for d in run_dirs(src):
+        flags, rec, steps = sim_argv(name, cfg, a), load_run(d, name), d / f"{name}_steps.json"
+        if flags is None or rec is None or not steps.exists():
+            sys.exit(f"{d}: no {name} run with per-request details and {steps.name} to calibrate on")
+        fits.append(calibrate(flags, rec, json.loads(steps.read_text()), f"{d}/{name}", a.cores, a.decode_from,
+                              a.shared))
+        first = first or (flags, rec)
+        lines.append(f"  {d.name}: " + ", ".join(f"{k} x{v:.2f}" for k, v in fits[-1].step_factor.items())
+                     + f", TTFT overhead {1e3 * fits[-1].ttft_overhead_s:.0f} ms")
+    cal = fits[0] if len(fits) == 1 else Calibration.mean(fits, f"{src}/{name}, mean of {len(fits)} rounds")
+    assert first is not None
+    head = (f"calibration ({name}, fitted on {src}{f', mean of {len(fits)} rounds' if len(fits) > 1 else ''}): "
+            "step factors " + ", ".join(f"{k} x{v:.2f}" for k, v in cal.step_factor.items())
+            + f"; TTFT overhead {1e3 * cal.ttft_overhead_s:.0f} ms")
+    return cal, "\n".join([head, *(lines if len(fits) > 1 else []), diagnose(*first, cal, _slo(cfg))])
+
+
 def _slo(cfg: dict) -> SloSpec:
     return SloSpec(cfg["slo_ttft_short_ms"], cfg["slo_tpot_ms"], cfg["slo_ttft_long_ms"], cfg["short_threshold"] + 1)
 
@@ -314,19 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in a.setups.split(",") if n.strip()]
     cals: dict[str, Calibration] = {}
     if a.calibrate_from:
-        cfg = _config(Path(a.calibrate_from))
-        src = run_dirs(Path(a.calibrate_from))[0]  # with --rounds: fitted on round 1
+        src = Path(a.calibrate_from)
         for name in names:
-            flags, rec = sim_argv(name, cfg, a), load_run(src, name)
-            steps = src / f"{name}_steps.json"
-            if flags is None or rec is None or not steps.exists():
-                sys.exit(f"{src}: no {name} run with per-request details and {steps.name} to calibrate on")
-            cals[name] = calibrate(flags, rec, json.loads(steps.read_text()), f"{src}/{name}", a.cores, a.decode_from,
-                                   a.shared)
-            print(f"calibration ({name}, fitted on {src}): step factors "
-                  + ", ".join(f"{k} x{v:.2f}" for k, v in cals[name].step_factor.items())
-                  + f"; TTFT overhead {1e3 * cals[name].ttft_overhead_s:.0f} ms")
-            print(diagnose(flags, rec, cals[name], _slo(cfg)))
+            cals[name], report = fit_on(src, name, a)
+            print(report)
         if a.calibration:
             Path(a.calibration).write_text(json.dumps({n: c.to_json() for n, c in cals.items()}, indent=1) + "\n")
     elif a.calibration:

@@ -132,3 +132,14 @@ def test_drift_reads_one_on_a_machine_as_fast_as_at_calibration() -> None:
     steps = {"prefill0": {"extend": {"steps": 1.0, "seconds": busy["p0"]}},
              "prefill1": {"extend": {"steps": 1.0, "seconds": 1.5 * busy["p1"]}}}
     assert sfc.drift(res, dict(REC, e2e_latencies=[]), steps).endswith("p0 x1.00, p1 x1.50")
+
+
+def test_fits_of_several_rounds_average_per_instance() -> None:
+    """bench_cluster_fidelity --rounds: seed 0's rounds are each fitted, then averaged; an
+    instance one fit lacks is averaged over the fits that have it."""
+    fits = [Calibration({"p0": 1.2, "p1": 1.6, "d0": 1.0}, 0.030, cores=1.0, shared="prefill"),
+            Calibration({"p0": 1.4, "p1": 1.2}, 0.050, cores=1.0, shared="prefill")]
+    mean = Calibration.mean(fits, "seed0, 2 rounds")
+    assert mean.step_factor == pytest.approx({"p0": 1.3, "p1": 1.4, "d0": 1.0})
+    assert mean.ttft_overhead_s == pytest.approx(0.040)
+    assert (mean.source, mean.cores, mean.shared) == ("seed0, 2 rounds", 1.0, "prefill")

@@ -54,6 +54,14 @@ class Calibration:
                 "cores": self.cores, "shared": self.shared}
 
     @classmethod
+    def mean(cls, fits: list[Calibration], source: str = "") -> Calibration:
+        """One calibration from several fits of one cluster (runs of the same window): each
+        instance's factor and the TTFT overhead averaged, so no single run's luck is the fit."""
+        names = {n for f in fits for n in f.step_factor}
+        factor = {n: statistics.fmean(f.step_factor[n] for f in fits if n in f.step_factor) for n in sorted(names)}
+        return cls(factor, statistics.fmean(f.ttft_overhead_s for f in fits), source, fits[0].cores, fits[0].shared)
+
+    @classmethod
     def from_json(cls, d: dict) -> Calibration:
         return cls(dict(d["step_factor"]), float(d["ttft_overhead_s"]), str(d.get("source", "")), d.get("cores"),
                    str(d.get("shared", "all")))
