@@ -157,15 +157,17 @@ def write_workload(args: argparse.Namespace, path: Path) -> dict[str, float]:
         raise SystemExit(f"{args.trace}: nothing left after --trace-skip {args.trace_skip}")
     t0 = recs[0].arrival_s or 0.0  # a skipped window starts at its own first arrival
     span = ((recs[-1].arrival_s or 0.0) - t0) or 1.0
+    lengths = [max(1, min(args.max_input_len, round(r.input_len * args.length_scale))) for r in recs]
+    if args.prompt_tokens_per_s:  # the rate that offers this many prompt tokens a second: windows alike in load
+        args.rate = args.prompt_tokens_per_s * len(recs) / sum(lengths)
     stretch = (len(recs) / span) / args.rate  # trace rate -> --rate
-    n_long = 0
     with open(path, "w") as f:
-        for r in recs:
-            inp = max(1, min(args.max_input_len, round(r.input_len * args.length_scale)))
-            n_long += inp > args.short_threshold
+        for r, inp in zip(recs, lengths):
             f.write(json.dumps({"timestamp": 1e3 * ((r.arrival_s or 0.0) - t0) * stretch, "input_length": inp,
                                 "output_length": max(1, min(r.output_len, args.max_output_len))}) + "\n")
-    return {"requests": len(recs), "long_fraction": n_long / len(recs), "span_s": span * stretch}
+    n_long = sum(n > args.short_threshold for n in lengths)
+    return {"requests": len(recs), "long_fraction": n_long / len(recs), "span_s": span * stretch,
+            "rate": args.rate, "prompt_tokens_per_s": sum(lengths) / (span * stretch)}
 
 
 def _popen(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -343,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace-skip", type=int, default=0,
                     help="start after this many trace requests (another window of the same trace)")
     ap.add_argument("--rate", type=float, default=1.5, help="mean arrival rate (req/s) the trace is rescaled to")
+    ap.add_argument("--prompt-tokens-per-s", type=float, default=None,
+                    help="instead of --rate: the rate at which the window offers this many prompt tokens a second "
+                         "(after --length-scale), so windows of different prompt lengths load the prefill alike "
+                         "(the first 80 requests at 2.5 req/s offer ~222)")
     ap.add_argument("--length-scale", type=float, default=0.125, help="prompt lengths times this")
     ap.add_argument("--max-input-len", type=int, default=3072)
     ap.add_argument("--max-output-len", type=int, default=16)
@@ -399,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in setups]
     if unknown or not names:
         ap.error(f"unknown setups {unknown}; known: {', '.join(setups)}")
-    if args.rate <= 0 or args.num_prompts < 1 or args.length_scale <= 0 or args.rounds < 1:
-        ap.error("--rate, --num-prompts, --length-scale and --rounds must be positive")
+    if (args.rate <= 0 or args.num_prompts < 1 or args.length_scale <= 0 or args.rounds < 1
+            or (args.prompt_tokens_per_s is not None and args.prompt_tokens_per_s <= 0)):
+        ap.error("--rate, --num-prompts, --length-scale, --rounds and --prompt-tokens-per-s must be positive")
     args.prime = not args.quick if args.prime is None else args.prime
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -416,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     wl = write_workload(args, workload)
     load0 = os.getloadavg()
     print(f"{len(names)} setups; {wl['requests']} requests of {args.trace} (lengths x{args.length_scale}, "
-          f"{100 * wl['long_fraction']:.0f}% long), {args.rate} req/s over {wl['span_s']:.0f} s; SLOs TTFT "
+          f"{100 * wl['long_fraction']:.0f}% long), {args.rate:.3g} req/s ({wl['prompt_tokens_per_s']:.0f} prompt "
+          f"tokens/s) over {wl['span_s']:.0f} s; SLOs TTFT "
           f"{args.slo_ttft_short_ms:.0f}/{args.slo_ttft_long_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms; "
           f"logs in {log_dir}; load {load0[0]:.2f}", flush=True)
     if args.prime:  # unmeasured: what a first cluster pays falls here (its row is printed, not kept)

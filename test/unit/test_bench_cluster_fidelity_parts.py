@@ -61,3 +61,21 @@ def test_each_seed_runs_its_own_window() -> None:
     assert repeated[repeated.index("--rounds") + 1] == "3" and "--no-prime" in repeated
     quick = bcf.bench_argv(argparse.Namespace(**{**vars(a), "quick": True}), 1, Path("/q"))
     assert "--quick" in quick and quick[quick.index("--trace-skip") + 1] == str(bcf.QUICK_PROMPTS)
+
+
+def test_a_token_rate_loads_windows_of_different_lengths_alike(tmp_path: Path) -> None:
+    """--prompt-tokens-per-s: each window's request rate is set so it offers the same prompt
+    tokens a second; a window of longer prompts gets fewer requests a second."""
+    offered = {}
+    for skip in (0, 80):
+        args = bc.build_parser().parse_args(["--num-prompts", "80", "--trace-skip", str(skip),
+                                             "--prompt-tokens-per-s", "222"])
+        path = tmp_path / f"w{skip}.jsonl"
+        wl = bc.write_workload(args, path)
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        tokens, span = sum(r["input_length"] for r in recs), recs[-1]["timestamp"] / 1e3
+        assert tokens / span == pytest.approx(222.0) == wl["prompt_tokens_per_s"]
+        assert wl["rate"] == args.rate == pytest.approx(80 / span)
+        offered[skip] = (tokens, args.rate)
+    (short_tokens, short_rate), (long_tokens, long_rate) = offered[0], offered[80]
+    assert long_tokens > short_tokens and long_rate < short_rate
