@@ -11,8 +11,9 @@ for each ``bench_cluster`` setup run with our router, the simulator replays the 
 through the same shape (prefill roles, prefill and decode policies, dual queues, routing policy,
 chunk size, page size, per-class TTFT SLOs and the TPOT SLO, all read from bench_cluster's own
 setup table), with a cost profile measured on this machine's engine (``--make-profile`` runs the
-profiler, as sim_fidelity.py does). ``--calibrate-from`` fits, on another run of the same
-cluster, per-instance step factors and a TTFT overhead (sglang_pd/sim/calibration.py: three
+profiler, as sim_fidelity.py does). ``--calibrate-from`` fits, on other runs of the same
+cluster (several: each fitted, the fits averaged; ``--leave-one-out``: each run predicted from
+the fits of the others), per-instance step factors and a TTFT overhead (sglang_pd/sim/calibration.py: three
 engines share the cores the profile had to itself) and prints the fit run's per-term diagnosis;
 it refuses to predict the run it was fitted on. Per predicted run it prints, per class (short /
 long at bench_cluster's threshold), the engine's and the simulator's TTFT p50/p90, TPOT p50/p90
@@ -267,27 +268,29 @@ def drift(res: SimResult, rec: dict, steps: dict) -> str:
             + ", ".join(f"{n} x{r:.2f}" for n, r in ratio.items()))
 
 
-def fit_on(src: Path, name: str, a: argparse.Namespace) -> tuple[Calibration, str]:
-    """Setup ``name``'s calibration fitted on the bench_cluster run(s) in ``src`` (with
-    ``--rounds``: each round fitted, the fits averaged) and what to print of it: the factors,
-    per round where there are several, and the in-sample diagnosis on the first run."""
-    cfg = _config(src)
+def fit_on(srcs: list[Path], name: str, a: argparse.Namespace) -> tuple[Calibration, str]:
+    """Setup ``name``'s calibration fitted on the bench_cluster runs in ``srcs`` (every round of
+    every dir fitted, the fits averaged: ``Calibration.mean``) and what to print of it: the
+    factors, per run where there are several, and the in-sample diagnosis on the first run."""
     fits, lines, first = [], [], None
-    for d in run_dirs(src):
-        flags, rec, steps = sim_argv(name, cfg, a), load_run(d, name), d / f"{name}_steps.json"
-        if flags is None or rec is None or not steps.exists():
-            sys.exit(f"{d}: no {name} run with per-request details and {steps.name} to calibrate on")
-        fits.append(calibrate(flags, rec, json.loads(steps.read_text()), f"{d}/{name}", a.cores, a.decode_from,
-                              a.shared))
-        first = first or (flags, rec)
-        lines.append(f"  {d.name}: " + ", ".join(f"{k} x{v:.2f}" for k, v in fits[-1].step_factor.items())
-                     + f", TTFT overhead {1e3 * fits[-1].ttft_overhead_s:.0f} ms")
-    cal = fits[0] if len(fits) == 1 else Calibration.mean(fits, f"{src}/{name}, mean of {len(fits)} rounds")
+    for src in srcs:
+        cfg = _config(src)
+        for d in run_dirs(src):
+            flags, rec, steps = sim_argv(name, cfg, a), load_run(d, name), d / f"{name}_steps.json"
+            if flags is None or rec is None or not steps.exists():
+                sys.exit(f"{d}: no {name} run with per-request details and {steps.name} to calibrate on")
+            fits.append(calibrate(flags, rec, json.loads(steps.read_text()), f"{d}/{name}", a.cores, a.decode_from,
+                                  a.shared))
+            first = first or (flags, rec, _slo(cfg))
+            lines.append(f"  {d}: " + ", ".join(f"{k} x{v:.2f}" for k, v in fits[-1].step_factor.items())
+                         + f", TTFT overhead {1e3 * fits[-1].ttft_overhead_s:.0f} ms")
+    where = ", ".join(map(str, srcs)) + (f", mean of {len(fits)} runs" if len(fits) > 1 else "")
+    cal = fits[0] if len(fits) == 1 else Calibration.mean(fits, f"{where} ({name})")
     assert first is not None
-    head = (f"calibration ({name}, fitted on {src}{f', mean of {len(fits)} rounds' if len(fits) > 1 else ''}): "
-            "step factors " + ", ".join(f"{k} x{v:.2f}" for k, v in cal.step_factor.items())
+    head = (f"calibration ({name}, fitted on {where}): step factors "
+            + ", ".join(f"{k} x{v:.2f}" for k, v in cal.step_factor.items())
             + f"; TTFT overhead {1e3 * cal.ttft_overhead_s:.0f} ms")
-    return cal, "\n".join([head, *(lines if len(fits) > 1 else []), diagnose(*first, cal, _slo(cfg))])
+    return cal, "\n".join([head, *(lines if len(fits) > 1 else []), diagnose(*first[:2], cal, first[2])])
 
 
 def _slo(cfg: dict) -> SloSpec:
@@ -297,9 +300,13 @@ def _slo(cfg: dict) -> SloSpec:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench-dir", required=True, nargs="+", help="bench_cluster --log-dir(s) of the runs to predict")
-    ap.add_argument("--calibrate-from", default=None,
-                    help="a bench_cluster --log-dir of another run of the same cluster: fit the step factors and "
-                         "TTFT overhead there (sglang_pd/sim/calibration.py), predict the --bench-dir runs")
+    ap.add_argument("--calibrate-from", default=None, nargs="+",
+                    help="bench_cluster --log-dir(s) of other runs of the same cluster: fit the step factors and "
+                         "TTFT overhead there (sglang_pd/sim/calibration.py; several runs or rounds: the fits "
+                         "averaged), predict the --bench-dir runs")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="instead of --calibrate-from: each --bench-dir run predicted with the fits of all the "
+                         "others averaged (every run predicted, none by its own fit)")
     ap.add_argument("--calibration", default=None,
                     help="JSON of a fitted calibration: written with --calibrate-from, else read")
     ap.add_argument("--setups", default="ours")
@@ -330,23 +337,35 @@ def _config(bench: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     benches = [Path(d) for d in a.bench_dir]
-    if a.calibrate_from and any(Path(a.calibrate_from).resolve() == b.resolve() for b in benches):
-        sys.exit("--calibrate-from must be another run than the --bench-dir ones: never fit and test on one run")
+    srcs = [Path(d) for d in a.calibrate_from or []]
+    if {s.resolve() for s in srcs} & {b.resolve() for b in benches}:
+        sys.exit("--calibrate-from must be other runs than the --bench-dir ones: never fit and test on one run")
     if a.make_profile:
         make_profile(a, _config(benches[0]), benches[0])
     names = [n.strip() for n in a.setups.split(",") if n.strip()]
     cals: dict[str, Calibration] = {}
-    if a.calibrate_from:
-        src = Path(a.calibrate_from)
+    if srcs:
         for name in names:
-            cals[name], report = fit_on(src, name, a)
+            cals[name], report = fit_on(srcs, name, a)
             print(report)
         if a.calibration:
             Path(a.calibration).write_text(json.dumps({n: c.to_json() for n, c in cals.items()}, indent=1) + "\n")
     elif a.calibration:
         cals = {n: Calibration.from_json(d) for n, d in json.loads(Path(a.calibration).read_text()).items()}
+    own: dict[Path, dict[str, Calibration]] = {}
+    if a.leave_one_out:  # each dir's own fit (its rounds averaged), then each predicted from the others'
+        if len(benches) < 2 or srcs:
+            sys.exit("--leave-one-out needs 2+ --bench-dir runs and no --calibrate-from")
+        for bench in benches:
+            own[bench] = {}
+            for name in names:
+                own[bench][name], report = fit_on([bench], name, a)
+                print(report.splitlines()[0])
     errors: dict[str, list[dict[tuple[str, str], float]]] = {n: [] for n in names}
     for bench in benches:
+        if own:
+            cals = {n: Calibration.mean([own[o][n] for o in benches if o != bench], f"the {len(benches) - 1} other "
+                                        "run(s) (leave one out)") for n in names}
         cfg = _config(bench)
         slo = _slo(cfg)
         print(f"\n{bench} (seed {cfg['seed']}, trace from request {cfg.get('trace_skip', 0)})\n"

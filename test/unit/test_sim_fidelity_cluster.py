@@ -122,3 +122,45 @@ def test_a_bench_dir_with_rounds_is_compared_by_its_mean(tmp_path: Path, capsys)
     out = capsys.readouterr().out
     assert "mean of 2 rounds" in out
     assert f"| short | TTFT p50 (ms) | {p50:.0f} | {p50:.0f} | +0.0% |" in out
+
+
+def _bench_dir(path: Path, rec: dict, factor: float) -> None:
+    """A bench_cluster log dir of one ``ours`` run whose engines were ``factor`` times slower
+    than the simulator (steps) and whose figures are the simulator's at that speed."""
+    import json
+
+    argv = sfc.sim_argv("ours", CFG, OPTS)
+    assert argv is not None
+    res, _ = sfc.replay(argv, rec, sfc.Calibration({"p0": factor, "p1": factor, "d0": factor}))
+    busy = {i.name: i.busy_s for i in res.instances}
+    path.mkdir()
+    (path / "bench_cluster.json").write_text(json.dumps({"config": CFG}))
+    ttfts = [None] * len(rec["start_times"])
+    for t, k in zip(res.tracks, sfc.replay(argv, rec)[1]):
+        ttfts[k] = t.first_token - t.arrival
+    summary = sfc.by_class(res, SloSpec(1000.0, 250.0, 5000.0, 257))
+    (path / "ours.jsonl").write_text(json.dumps({**rec, "ttfts": ttfts, "by_class": summary}) + "\n")
+    steps = {"prefill0": {"extend": {"steps": 1, "seconds": busy["p0"]}},
+             "prefill1": {"extend": {"steps": 1, "seconds": busy["p1"]}},
+             "decode": {"decode": {"steps": 1, "seconds": busy["d0"]}}}
+    (path / "ours_steps.json").write_text(json.dumps(steps))
+
+
+def test_leave_one_out_predicts_each_run_from_the_others_fits(tmp_path: Path, capsys) -> None:
+    """Runs whose engines were 2x and 3x the profile: each is predicted with the other's
+    factor (3x and 2x), never its own, so neither is predicted exactly; refused with one run."""
+    rec = {"start_times": [0.1 * i for i in range(8)], "input_lens": [64, 80, 2048, 100, 90, 3000, 50, 70],
+           "output_lens": [8] * 8}
+    _bench_dir(tmp_path / "a", rec, 2.0)
+    _bench_dir(tmp_path / "b", rec, 3.0)
+    opts = ["--profile", OPTS.profile, "--kv-capacity-tokens", "65536", "--kv-bytes-per-token", "1"]
+    assert sfc.main(["--leave-one-out", "--bench-dir", str(tmp_path / "a"), str(tmp_path / "b"), *opts]) == 0
+    out = capsys.readouterr().out
+    assert "p0 x2.00" in out and "p0 x3.00" in out  # each run's own fit, printed
+    assert "2 predicted run(s), calibrated on the 1 other run(s) (leave one out)" in out
+    errs = [line for line in out.splitlines() if line.startswith("| short | TTFT p50 |")]
+    assert len(errs) == 1 and "+0.0%" not in errs[0]  # a run predicted by its own fit would be exact
+    import pytest
+
+    with pytest.raises(SystemExit, match="leave-one-out needs"):
+        sfc.main(["--leave-one-out", "--bench-dir", str(tmp_path / "a"), *opts])
