@@ -13,8 +13,9 @@ chunk size, page size, per-class TTFT SLOs and the TPOT SLO, all read from bench
 setup table), with a cost profile measured on this machine's engine (``--make-profile`` runs the
 profiler, as sim_fidelity.py does). ``--calibrate-from`` fits, on other runs of the same
 cluster (several: each fitted, the fits averaged; ``--leave-one-out``: each run predicted from
-the fits of the others), per-instance step factors and a TTFT overhead (sglang_pd/sim/calibration.py: three
-engines share the cores the profile had to itself) and prints the fit run's per-term diagnosis;
+the fits of the others), per-instance step factors and a TTFT overhead
+(sglang_pd/sim/calibration.py: three engines share the cores the profile had to itself) and
+prints the fit run's per-term diagnosis;
 it refuses to predict the run it was fitted on. Per predicted run it prints, per class (short /
 long at bench_cluster's threshold), the engine's and the simulator's TTFT p50/p90, TPOT p50/p90
 and TTFT attainment with each percentile's relative error, and the machine's drift from the fit
@@ -287,10 +288,11 @@ def fit_on(srcs: list[Path], name: str, a: argparse.Namespace) -> tuple[Calibrat
     where = ", ".join(map(str, srcs)) + (f", mean of {len(fits)} runs" if len(fits) > 1 else "")
     cal = fits[0] if len(fits) == 1 else Calibration.mean(fits, f"{where} ({name})")
     assert first is not None
+    flags0, rec0, slo0 = first
     head = (f"calibration ({name}, fitted on {where}): step factors "
             + ", ".join(f"{k} x{v:.2f}" for k, v in cal.step_factor.items())
             + f"; TTFT overhead {1e3 * cal.ttft_overhead_s:.0f} ms")
-    return cal, "\n".join([head, *(lines if len(fits) > 1 else []), diagnose(*first[:2], cal, first[2])])
+    return cal, "\n".join([head, *(lines if len(fits) > 1 else []), diagnose(flags0, rec0, cal, slo0)])
 
 
 def _slo(cfg: dict) -> SloSpec:
