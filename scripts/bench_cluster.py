@@ -68,8 +68,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
-from sglang_pd.bench.host_usage import metric_samples
-from sglang_pd.utils.pinning import lower_priority, pin_engines, restore_self
+from sglang_pd.bench.host_usage import metric_samples, process_cpu_s, session_usage
+from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +134,7 @@ class Run:
     load_avg_1m: float = 0.0
     pinned: str = ""  # what --pin-cores did (utils/pinning.py), "" when off
     round: int = 1  # --rounds: which pass over the setups
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds during the replay, per process
     num_requests: int = 0
     completed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
@@ -220,6 +221,18 @@ def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path
     return url
 
 
+def cpu_seconds(procs: list[tuple[str, subprocess.Popen]]) -> dict[str, float]:
+    """CPU seconds so far of each server's and the router's session (each started in its own),
+    and of each server's engine alone: the rest of a session is its frontend. Read before and
+    after the replay, their difference says who took the cores (an engine's neighbours)."""
+    out = {}
+    for name, proc in procs:
+        out[name] = session_usage(proc.pid)[0]
+        for engine in engine_pids(proc.pid) if name != "router" else ():
+            out[f"{name} engine"] = process_cpu_s(engine)
+    return out
+
+
 def parse_step_metrics(text: str) -> dict[str, dict[str, float]]:
     """Per step mode (extend | decode | mixed): the engine's step count and seconds summed,
     from a server's /metrics text (``sglang:engine_step_seconds``, frontend/metrics.py)."""
@@ -277,8 +290,10 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
                  "--request-timeout", str(args.request_timeout), "--warmup-requests", "1",
                  "--disable-tqdm", "--output-details",  # per request: sim_fidelity_cluster.py replays them
                  "--output-file", str(jsonl)]
+        cpu0 = cpu_seconds(procs)
         res = subprocess.run(bench, env=env, capture_output=True, text=True, timeout=args.bench_timeout,
                              check=False)
+        run.cpu_s = {k: round(v - cpu0.get(k, 0.0), 2) for k, v in cpu_seconds(procs).items()}
         (log_dir / f"{s.name}_bench.out").write_text(res.stdout + res.stderr)
         if res.returncode != 0 or not jsonl.exists():
             raise RuntimeError(f"bench_serving rc={res.returncode}: {res.stderr.strip()[-300:]}")
@@ -442,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         r = run_measured(setups[name], args, model, workload, rdir)
         r.round = k
         runs.append(r)
-        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s\n"
+        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s; CPU s during the "
+              f"replay: {', '.join(f'{k} {v:.1f}' for k, v in r.cpu_s.items())}\n"
               f"  {table([r], runs[0]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
     md = table(runs)
     if args.rounds > 1:

@@ -32,6 +32,13 @@ def test_session_usage_sums_only_that_sessions_processes(tmp_path: Path) -> None
     assert cpu == pytest.approx(150 / hu._TICK) and major == 2 and minor == 21 and rss == huge == 0
 
 
+def test_process_cpu_is_one_process_and_zero_once_gone(tmp_path: Path) -> None:
+    (tmp_path / "10").mkdir()
+    (tmp_path / "10" / "stat").write_text(_stat(10, "engine", 7, minflt=0, majflt=0, utime=300, stime=40))
+    assert hu.process_cpu_s(10, tmp_path) == pytest.approx(340 / hu._TICK)
+    assert hu.process_cpu_s(11, tmp_path) == 0.0
+
+
 def test_machine_busy_leaves_out_idle_and_iowait() -> None:
     # user nice system idle iowait irq softirq steal guest guest_nice
     busy = hu.parse_machine_busy("cpu  100 5 20 1000 50 1 2 3 7 0")

@@ -88,6 +88,14 @@ def session_usage(sid: int, proc: Path = Path("/proc")) -> tuple[float, int, int
     return ticks / _TICK, major, minor, rss, huge
 
 
+def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system, every thread) of one process; 0.0 once it is gone."""
+    try:
+        return parse_stat_line((proc / str(pid) / "stat").read_text())[1] / _TICK
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def snapshot(server_sid: int) -> Usage:
     with open("/proc/stat") as f:
         busy = parse_machine_busy(f.readline())
