@@ -423,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.rate <= 0 or args.num_prompts < 1 or args.length_scale <= 0 or args.rounds < 1
             or (args.prompt_tokens_per_s is not None and args.prompt_tokens_per_s <= 0)):
         ap.error("--rate, --num-prompts, --length-scale, --rounds and --prompt-tokens-per-s must be positive")
+    if args.pin_layout != "shared" and not args.pin_cores:
+        ap.error(f"--pin-layout {args.pin_layout} needs --pin-cores")
     args.prime = not args.quick if args.prime is None else args.prime
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -457,8 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         r = run_measured(setups[name], args, model, workload, rdir)
         r.round = k
         runs.append(r)
-        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s; CPU s during the "
-              f"replay: {', '.join(f'{k} {v:.1f}' for k, v in r.cpu_s.items())}\n"
+        cpu = f"; CPU s during the replay: {', '.join(f'{k} {v:.1f}' for k, v in r.cpu_s.items())}" if r.cpu_s else ""
+        print(f"  [{name}] {'ok' if r.ok else 'PROBLEM: ' + r.problem} in {r.wall_s:.0f} s{cpu}\n"
               f"  {table([r], runs[0]).splitlines()[-1]}", flush=True)  # the row now: a cut-short run still tells
     md = table(runs)
     if args.rounds > 1:

@@ -95,3 +95,17 @@ def test_pin_layouts_name_the_engines_on_the_first_core() -> None:
     assert bc.pinned_alone("shared") == bc.pinned_alone("priority") == ("prefill0", "prefill1")
     assert bc.pinned_alone("split") == ("prefill0",)
     assert bc.build_parser().parse_args([]).pin_layout == "shared"
+
+
+def test_a_pin_layout_without_pinning_is_refused(capsys) -> None:
+    import signal
+
+    import pytest
+
+    handler = signal.getsignal(signal.SIGTERM)  # main() installs its own
+    try:
+        with pytest.raises(SystemExit):
+            bc.main(["--pin-layout", "priority", "--no-pin-cores", "--setups", "ours"])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert "--pin-layout priority needs --pin-cores" in capsys.readouterr().err
