@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
+from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import metric_samples, process_cpu_s, session_usage
 from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
 from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
@@ -149,7 +150,8 @@ KEYS = ("num_requests", "completed", "median_ttft_ms", "p90_ttft_ms", "median_tp
 
 def write_workload(args: argparse.Namespace, path: Path) -> dict[str, float]:
     """The trace's first ``--num-prompts`` requests, scaled to the CPU, as Mooncake-format JSON
-    lines (the bench loads it like any trace). Returns what was made of it."""
+    lines (the bench loads it like any trace). Returns what was made of it; with
+    ``--prompt-tokens-per-s`` it also sets ``args.rate`` to the rate that offers it."""
     sys.path.insert(0, str(REPO / "python"))
     from sglang_pd.bench.traces import load_trace
 
@@ -159,8 +161,8 @@ def write_workload(args: argparse.Namespace, path: Path) -> dict[str, float]:
     t0 = recs[0].arrival_s or 0.0  # a skipped window starts at its own first arrival
     span = ((recs[-1].arrival_s or 0.0) - t0) or 1.0
     lengths = [max(1, min(args.max_input_len, round(r.input_len * args.length_scale))) for r in recs]
-    if args.prompt_tokens_per_s:  # the rate that offers this many prompt tokens a second: windows alike in load
-        args.rate = args.prompt_tokens_per_s * len(recs) / sum(lengths)
+    if args.prompt_tokens_per_s:  # --rate is set from it (main prints and plots args.rate); n per span
+        args.rate = rate_offering(args.prompt_tokens_per_s, lengths, len(recs))
     stretch = (len(recs) / span) / args.rate  # trace rate -> --rate
     with open(path, "w") as f:
         for r, inp in zip(recs, lengths):

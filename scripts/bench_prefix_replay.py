@@ -47,6 +47,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import metric_sum, snapshot
 from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
 from sglang_pd.core.load_signals import BUSY_WINDOW_S
@@ -106,7 +107,7 @@ def build_requests(a: argparse.Namespace) -> tuple[list[list[int]], list[Request
         warm.append(ids[: blocks * a.block_tokens] if a.warm_shared_only else ids)
     window = [prompt_ids(r, a.block_tokens, a.warm_requests + i) for i, r in enumerate(recs)]
     if a.prompt_tokens_per_s:
-        a.qps = a.prompt_tokens_per_s * (len(recs) - 1) / sum(map(len, window))
+        a.qps = rate_offering(a.prompt_tokens_per_s, list(map(len, window)), len(recs) - 1)  # qps: gaps per span
     times = [r.arrival_s or 0.0 for r in recs]
     scale = (len(recs) - 1) / a.qps / max(times[-1] - times[0], 1e-9)
     out = [((t - times[0]) * scale, ids, max(1, min(r.output_len, a.max_output)))

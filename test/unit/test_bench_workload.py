@@ -241,3 +241,13 @@ def test_jsonl_and_summary_layout():
         "http_400=1",
     ]:
         assert line in text, line
+
+
+def test_the_rate_offering_a_token_rate_counts_the_callers_intervals() -> None:
+    """rate_offering: span = total prompt tokens / token rate, rate = intervals / span; longer
+    prompts give a lower rate (bench_cluster counts n requests a span, bench_prefix_replay n - 1)."""
+    from sglang_pd.bench.datasets import rate_offering
+
+    assert rate_offering(200.0, [100, 300], 2) == pytest.approx(1.0)  # 400 tokens over 2 s
+    assert rate_offering(200.0, [100, 300], 1) == pytest.approx(0.5)
+    assert rate_offering(200.0, [200, 600], 2) < rate_offering(200.0, [100, 300], 2)

@@ -160,6 +160,14 @@ def arrival_times(
     return [0.0, *np.cumsum(gaps).tolist()][:n]
 
 
+def rate_offering(prompt_tokens_per_s: float, prompt_lens: list[int], intervals: int) -> float:
+    """The request rate at which a window of prompts of ``prompt_lens`` offers
+    ``prompt_tokens_per_s`` prompt tokens a second, counted as ``intervals`` requests over the
+    window's span (the caller's own rate convention: n, or n - 1 gaps). Windows of longer
+    prompts get fewer requests a second, so windows alike in token rate load a prefill alike."""
+    return prompt_tokens_per_s * intervals / sum(prompt_lens)
+
+
 def schedule(
     items: list[WorkItem],
     request_rate: float,
