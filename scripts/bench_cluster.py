@@ -39,7 +39,8 @@ How long: each setup starts its servers (~35 s on 2 cores), replays the workload
 for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
 whole row: --rounds N runs them N times in alternating order (after an unmeasured --prime
 cluster) and summarises each setup's mean and range. --decode-log: one line
-per decode decision in the decode server's log (engine/decode_log.py).
+per decode decision in the decode server's log (engine/decode_log.py). --request-log: one line
+per request per engine (engine/request_log.py), each run's TTFT split into stages per class.
 Pinned (``--pin-cores``, default on; utils/pinning.py): once the cluster is up, the two
 prefill engines share the first core, and the decode engine runs on the other beside the light
 processes (the servers' frontends, the router, the bench client), as a PD cluster gives decode
@@ -68,6 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
+from request_timeline_report import join, read_lines, summarise
 from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import metric_samples, process_cpu_s, session_usage
 from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
@@ -142,6 +144,8 @@ class Run:
     by_class: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     overall: dict[str, float | int | None] = field(default_factory=dict)
     tracebacks: list[str] = field(default_factory=list)
+    # --request-log: per class, each TTFT stage's (p50, p90) in ms (request_timeline_report.py)
+    timeline: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
 
 KEYS = ("num_requests", "completed", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
@@ -188,7 +192,7 @@ def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path
               "--page-size", "16", "--chunked-prefill-size", str(args.chunk),
               "--short-prefill-threshold", str(args.short_threshold),
               "--slo-ttft-ms", str(args.slo_ttft_short_ms), "--slo-tpot-ms", str(args.slo_tpot_ms),
-              "--random-seed", str(args.seed)]
+              "--random-seed", str(args.seed), *(("--log-requests",) if args.request_log else ())]
     py = [sys.executable, "-m", "sglang_pd.launch_server", *common]
     prefills: list[str] = []
     for i, flags in enumerate(s.prefill):
@@ -319,6 +323,8 @@ def run_setup(s: Setup, args: argparse.Namespace, model: Path, workload: Path, l
     for log in sorted(log_dir.glob(f"{s.name}_*.log")):
         text = log.read_text(errors="replace")
         run.tracebacks += [f"{log.name}: {b[:400]}" for b in text.split("Traceback (most recent call last):")[1:]]
+    if args.request_log:  # engine/request_log.py lines of this run's servers, joined by room
+        run.timeline = summarise(join(read_lines(sorted(log_dir.glob(f"{s.name}_*.log"))), args.short_threshold))
     if run.tracebacks:
         run.ok = False
         run.problem = (run.problem + "; " if run.problem else "") + f"{len(run.tracebacks)} traceback(s)"
@@ -393,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "first cluster of an invocation ran slower on this host (docs/bench_cluster.md)")
     ap.add_argument("--decode-log", action="store_true",
                     help="decode server at --log-level debug: one line per decode decision in its log")
+    ap.add_argument("--request-log", action="store_true",
+                    help="servers with --log-requests: one line per request per engine with its stages; "
+                         "each run's TTFT split per class (request_timeline_report.py) goes in the JSON")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--request-timeout", type=float, default=300.0)

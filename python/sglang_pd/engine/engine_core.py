@@ -23,6 +23,7 @@ from sglang_pd.engine.executor import StepExecutor
 from sglang_pd.engine.outputs import error_output, req_output
 from sglang_pd.engine.pd import PDHooks
 from sglang_pd.engine.request import Req
+from sglang_pd.engine.request_log import RequestLog
 from sglang_pd.engine.stats import EngineCounters
 from sglang_pd.protocol import EngineReady, EngineStats, GenerateReq, ReqOutput
 from sglang_pd.models.parallel import TPGroup
@@ -53,6 +54,8 @@ class EngineCore:
         # work was queued (the loop polls instead of spinning)
         self._flushed_early, self._idle_step = False, False
         self.decode_log = DecodeLog()  # one debug line per decode decision (engine/decode_log.py)
+        # one line per finished request: where its time went here (engine/request_log.py)
+        self.request_log = RequestLog(args.disaggregation_mode, args.log_requests)
 
     def add_request(self, msg: GenerateReq) -> None:
         error = request_error(msg, self.limits, self._find(msg.rid) is not None)  # admission.py
@@ -136,6 +139,9 @@ class EngineCore:
             self._unblock(now)
         else:
             profile = step.profile()
+            for req in cast("list[Req]", step.reqs):
+                if req.first_run_time is None:
+                    req.first_run_time = now
             if self.decode_log.enabled():
                 self.decode_log.decided(self.scheduler.decode_policy, self.scheduler.running, step, now)
             try:
@@ -232,6 +238,7 @@ class EngineCore:
         self.scheduler.remove(req)
         self.pd.forget(req)
         self.outbox.append(req_output(req, status))
+        self.request_log.finished(req, self.clock(), status)
 
     def stats(self, step_samples: bool = False) -> EngineStats:
         """Load signals (engine/stats.py); ``step_samples``: also the steps since the last such call."""

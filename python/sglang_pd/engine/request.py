@@ -38,6 +38,7 @@ class Req:
     cached_len: int = 0
     state: ReqState = ReqState.WAITING
     first_token_time: float | None = None
+    first_run_time: float | None = None  # the first step that ran it here (engine/request_log.py)
     finish_reason: dict | None = None
     sent_len: int = 0  # output tokens already handed to the frontend
     num_retractions: int = 0
