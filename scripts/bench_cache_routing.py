@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 49152  # SmolLM2's vocabulary
@@ -148,7 +148,7 @@ def run_policy(run: str, a: argparse.Namespace, prefills: list[tuple[str, int]],
         cmd += ["--decode-policy", decode_policy]
     name = run.replace("/", "+")
     with open(log_dir / f"router_{name}.log", "w") as log:
-        router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        router = popen_own_group(cmd, log, env)
     url = f"http://127.0.0.1:{port}"
     try:
         if not wait_healthy(url, router, a.startup_timeout):
@@ -212,17 +212,15 @@ def start_servers(a: argparse.Namespace, model: str, env: dict[str, str], log_di
     for i in range(2):
         port, boot = free_port(), free_port()
         with open(log_dir / f"prefill{i}.log", "w") as log:
-            procs.append(subprocess.Popen([*common, "--mode", "prefill", "--port", str(port),
-                                           "--disaggregation-bootstrap-port", str(boot)],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            procs.append(popen_own_group([*common, "--mode", "prefill", "--port", str(port),
+                                           "--disaggregation-bootstrap-port", str(boot)], log, env))
         prefills.append((f"http://127.0.0.1:{port}", boot))
         urls.append(prefills[-1][0])
     reuse = ["--disaggregation-decode-enable-radix-cache"] if a.decode_reuse else []
     for i in range(a.decodes):
         port = free_port()
         with open(log_dir / f"decode{i}.log", "w") as log:
-            procs.append(subprocess.Popen([*common, "--mode", "decode", "--port", str(port), *reuse],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            procs.append(popen_own_group([*common, "--mode", "decode", "--port", str(port), *reuse], log, env))
         urls.append(f"http://127.0.0.1:{port}")
     for u, p in zip(urls, procs):
         if not wait_healthy(u, p, a.startup_timeout):

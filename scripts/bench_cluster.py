@@ -73,7 +73,7 @@ from request_timeline_report import join, read_lines, summarise
 from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import metric_samples, process_cpu_s, session_usage
 from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_LAG_S = 1.5  # engines push their step samples every second (engine_process.py)
@@ -179,8 +179,7 @@ def write_workload(args: argparse.Namespace, path: Path) -> dict[str, float]:
 
 def _popen(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with open(log, "w") as logf:  # the child keeps its own handle
-        return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # own group: SIGTERM reaches the engine
+        return popen_own_group(cmd, logf, env)  # own group: SIGTERM reaches the engine
 
 
 def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def popen(cmd: list[str], name: str) -> subprocess.Popen:
         with open(log_dir / f"{name}.log", "w") as f:
-            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True))
+            procs.append(popen_own_group(cmd, f, env))
         return procs[-1]
 
     try:

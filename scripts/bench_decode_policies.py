@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 
 POLICIES = ("continuous", "slack", "slack+")
@@ -58,8 +58,7 @@ def start(args: argparse.Namespace, policy: str, log: Path) -> Deployment:
     if args.pd:
         return start_pd(args, policy, log)
     port = free_port()
-    proc = subprocess.Popen(server_cmd(args, port, ["--decode-policy", policy]),
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = popen_own_group(server_cmd(args, port, ["--decode-policy", policy]), open(log, "wb"))
     url = f"http://127.0.0.1:{port}"
     require_healthy(proc, url, f"server for {policy}", log)
     return Deployment([proc], url)
@@ -71,18 +70,16 @@ def start_pd(args: argparse.Namespace, policy: str, log: Path) -> Deployment:
     logs = [log.with_name(f"{log.stem}_{part}.log") for part in ("prefill", "decode", "router")]
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen(server_cmd(args, p_port, [
-            "--mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
-            stdout=open(logs[0], "wb"), stderr=subprocess.STDOUT, start_new_session=True))
-        procs.append(subprocess.Popen(server_cmd(args, d_port, ["--mode", "decode", "--decode-policy", policy]),
-                                      stdout=open(logs[1], "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(popen_own_group(server_cmd(args, p_port, [
+            "--mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]), open(logs[0], "wb")))
+        procs.append(popen_own_group(server_cmd(args, d_port, ["--mode", "decode", "--decode-policy", policy]), open(logs[1], "wb")))
         require_healthy(procs[0], f"http://127.0.0.1:{p_port}", "prefill server", logs[0])
         require_healthy(procs[1], f"http://127.0.0.1:{d_port}", f"decode server ({policy})", logs[1])
         router = "sglang_router.launch_router" if args.router == "sglang" else "sglang_pd_router"
-        procs.append(subprocess.Popen([
+        procs.append(popen_own_group([
             sys.executable, "-m", router, "--pd-disaggregation",
             "--prefill", f"http://127.0.0.1:{p_port}", str(boot), "--decode", f"http://127.0.0.1:{d_port}",
-            "--host", "127.0.0.1", "--port", str(r_port)], stdout=open(logs[2], "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+            "--host", "127.0.0.1", "--port", str(r_port)], open(logs[2], "wb")))
         url = f"http://127.0.0.1:{r_port}"
         require_healthy(procs[2], url, "router", logs[2])
     except BaseException:

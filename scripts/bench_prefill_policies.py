@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICIES = "fcfs,kairos,kairos+,lars,edf,dual"
@@ -142,8 +142,7 @@ def run_policy(name: str, args: argparse.Namespace, model_dir: Path, log_dir: Pa
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'python'}:{os.environ.get('PYTHONPATH', '')}")
     t0 = time.monotonic()
     with open(log, "w") as logf:
-        proc = subprocess.Popen(server, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # own group: SIGTERM reaches the engine
+        proc = popen_own_group(server, logf, env)  # own group: SIGTERM reaches the engine
         try:
             if not wait_healthy(url, proc, args.startup_timeout):
                 run.problem = f"server not healthy in {args.startup_timeout:.0f} s (rc={proc.poll()})"

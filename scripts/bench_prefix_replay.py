@@ -52,7 +52,7 @@ from sglang_pd.bench.host_usage import metric_sum, snapshot
 from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
 from sglang_pd.core.load_signals import BUSY_WINDOW_S
 from sglang_pd.sim.prefix_cache import shared_prefixes
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "data/traces/mooncake/conversation_trace.jsonl"
@@ -201,7 +201,7 @@ def run_server(a: argparse.Namespace, model_dir: str, cache: bool, warm: list[li
     if not cache:
         cmd.append("--disable-radix-cache")
     log = open(log_dir / f"server{len(list(log_dir.iterdir()))}_{'on' if cache else 'off'}.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = popen_own_group(cmd, log)
     boot = snapshot(proc.pid)
     url = f"http://127.0.0.1:{port}"
     try:

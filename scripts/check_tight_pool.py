@@ -27,7 +27,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 from sglang_pd.scheduling.registry import PREFILL_POLICIES  # noqa: E402
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy  # noqa: E402
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy  # noqa: E402
 
 POOL_FLAGS = ["--page-size", "16", "--max-total-tokens", "1600", "--chunked-prefill-size", "512",
               "--max-prefill-tokens", "1024"]
@@ -55,7 +55,7 @@ def run_one(policy: str, queues: str, model_dir: Path, log_dir: Path, args: argp
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'python'}:{os.environ.get('PYTHONPATH', '')}")
     out: dict = {}
     with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = popen_own_group(cmd, logf, env)
         try:
             if not wait_healthy(url, proc, 300):
                 return {"older": ("no server", 0.0), "newer": ("no server", 0.0)}

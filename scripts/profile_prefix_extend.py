@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_pd.utils.server_procs import free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
 VOCAB = 49152
 STEP_SUM = re.compile(r'^sglang:engine_step_seconds_(sum|count)\{[^}]*mode="(\w+)"[^}]*\} (\S+)$', re.M)
@@ -85,7 +85,7 @@ def main() -> None:
                "--chunked-prefill-size", "512", "--max-running-requests", "64", "--dtype", "float32",
                *a.server_arg]
         log = open(Path(tmp) / "server.log", "wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = popen_own_group(cmd, log)
         url = f"http://127.0.0.1:{port}"
         try:
             if not wait_healthy(url, proc, 300):

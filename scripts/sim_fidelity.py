@@ -36,7 +36,7 @@ from sglang_pd.sim.cluster_spec import ClusterSpec
 from sglang_pd.sim.profiles import build_cost
 from sglang_pd.sim.workload import Arrival, Workload
 from sglang_pd.utils.pinning import pin_engines
-from sglang_pd.utils.server_procs import stop, wait_healthy
+from sglang_pd.utils.server_procs import popen_own_group, stop, wait_healthy
 
 
 def real_run(a: argparse.Namespace, out: Path) -> dict:
@@ -44,8 +44,7 @@ def real_run(a: argparse.Namespace, out: Path) -> dict:
               "--mode", "colocated", "--page-size", str(a.page_size), "--max-total-tokens", str(a.kv_capacity_tokens),
               "--chunked-prefill-size", str(a.chunked_prefill_size), "--max-running-requests", str(a.max_running),
               "--skip-tokenizer-init"] + (["--load-format", "dummy"] if a.dummy else [])
-    proc = subprocess.Popen(server, stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = popen_own_group(server, open(out / "server.log", "w"))
     try:
         if not wait_healthy(f"http://127.0.0.1:{a.port}", proc):
             sys.exit(f"server on :{a.port} not healthy (exit code {proc.poll()}); see {out / 'server.log'}")

@@ -13,6 +13,7 @@ import pytest
 
 from sglang_pd.utils.server_procs import (
     free_port,
+    popen_own_group,
     require_healthy,
     spawn_logged,
     stop,
@@ -89,8 +90,7 @@ def test_silent_server_times_out(tmp_path):
 
 
 def test_stop_reaches_the_whole_group(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", PARENT_WITH_CHILD], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = popen_own_group([sys.executable, "-c", PARENT_WITH_CHILD], subprocess.PIPE)
     try:
         child = int(proc.stdout.readline())
         assert _alive(child)
@@ -102,8 +102,20 @@ def test_stop_reaches_the_whole_group(tmp_path):
     assert not _alive(child)
 
 
+def test_spawned_server_leads_its_group_in_our_session(tmp_path):
+    """A group of its own (stop reaches its engine), but our session: a new session would be a
+    new scheduler autogroup, where nice values between servers stop counting (server_procs.py)."""
+    proc = spawn_logged([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s.log")
+    try:
+        assert os.getpgid(proc.pid) == proc.pid
+        assert os.getsid(proc.pid) == os.getsid(0)
+    finally:
+        stop(proc, grace_s=5)
+    assert proc.returncode is not None
+
+
 def test_stop_without_own_group_signals_only_the_process():
-    # no start_new_session: the process shares our group, so stop must not killpg (that would
+    # no group of its own: the process shares our group, so stop must not killpg (that would
     # signal this test run too); reaching here alive is the assertion
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     stop(proc, grace_s=5)

@@ -1,6 +1,6 @@
 """Helpers for code that starts server processes and drives them over HTTP (the benchmark
 scripts under ``scripts/``, the GPU check's stages): a free port, starting a server in its own
-session with its output in a log, waiting for /health with a deadline, stopping it (frontend and
+process group with its output in a log, waiting for /health with a deadline, stopping it (frontend and
 engine) cleanly. One home, so every starter waits with a timeout and stops the whole group."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 
 def free_port() -> int:
@@ -21,13 +23,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def popen_own_group(cmd: Sequence[str], stdout: IO[Any] | int,
+                    env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Start a server in a process group of its own, so :func:`stop` signals the whole group (its
+    engine process too), but in the caller's session, its stderr with its stdout. Not a new
+    session (``start_new_session``): that is also a new scheduler autogroup (Linux
+    CONFIG_SCHED_AUTOGROUP, on by default in most distributions), and the kernel shares a core
+    between autogroups before it weighs threads by their nice values, so a server reniced to
+    give way to another on its core (``bench_cluster --pin-layout priority``) gave way only now
+    and then (measured: docs/bench_cluster.md, session 12)."""
+    if sys.version_info >= (3, 11):
+        return subprocess.Popen(list(cmd), stdout=stdout, stderr=subprocess.STDOUT, env=env, process_group=0)
+    # Python 3.10 has no process_group; setpgrp is async-signal-safe (one syscall in the child)
+    return subprocess.Popen(list(cmd), stdout=stdout, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=os.setpgrp)  # noqa: PLW1509
+
+
 def spawn_logged(cmd: Sequence[str], log: Path) -> subprocess.Popen:
-    """Start ``cmd`` in its own session (so :func:`stop` reaches its engine process too), its
+    """Start ``cmd`` in its own process group (so :func:`stop` reaches its engine process too), its
     stdout and stderr appended to ``log`` after a header line naming the command."""
     with open(log, "a") as f:
         f.write(f"===== {' '.join(cmd[1:])}\n")
         f.flush()
-        return subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return popen_own_group(cmd, f)
 
 
 def health_error(url: str, proc: subprocess.Popen, timeout_s: float) -> Exception | None:
@@ -61,8 +79,8 @@ def require_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``. A process started with ``start_new_session``
-    gets the signal for its whole group, so a server's engine process gets it too."""
+    """SIGTERM, then SIGKILL after ``grace_s``. A process started in its own group
+    (:func:`popen_own_group`) gets the signal for its whole group, so a server's engine process gets it too."""
     if proc.poll() is not None:
         return
     group = os.getpgid(proc.pid) == proc.pid  # its own group leader: never signal ours
