@@ -71,7 +71,7 @@ from pathlib import Path
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
 from request_timeline_report import join, read_lines, summarise
 from sglang_pd.bench.datasets import rate_offering
-from sglang_pd.bench.host_usage import metric_samples, process_cpu_s, session_usage
+from sglang_pd.bench.host_usage import group_usage, metric_samples, process_cpu_s
 from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
 from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
@@ -227,12 +227,12 @@ def start_cluster(s: Setup, args: argparse.Namespace, model: Path, log_dir: Path
 
 
 def cpu_seconds(procs: list[tuple[str, subprocess.Popen]]) -> dict[str, float]:
-    """CPU seconds so far of each server's and the router's session (each started in its own),
-    and of each server's engine alone: the rest of a session is its frontend. Read before and
+    """CPU seconds so far of each server's and the router's process group (each started in its
+    own), and of each server's engine alone: the rest of a group is its frontend. Read before and
     after the replay, their difference says who took the cores (an engine's neighbours)."""
     out = {}
     for name, proc in procs:
-        out[name] = session_usage(proc.pid)[0]
+        out[name] = group_usage(proc.pid)[0]
         for engine in engine_pids(proc.pid) if name != "router" else ():
             out[f"{name} engine"] = process_cpu_s(engine)
     return out

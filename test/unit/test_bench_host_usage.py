@@ -1,5 +1,5 @@
 """sglang_pd.bench.host_usage: the /proc parsing a benchmark uses to say where a run's CPU time
-went (the server's session, the client, everything else)."""
+went (the server's process group, the client, everything else)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from sglang_pd.bench import host_usage as hu
 
 
-def _stat(pid: int, comm: str, sid: int, minflt: int, majflt: int, utime: int, stime: int) -> str:
-    # fields 1-15 of /proc/<pid>/stat, then a tail of zeros
-    return (f"{pid} ({comm}) S 1 {sid} {sid} 0 -1 4194560 {minflt} 0 {majflt} 0 {utime} {stime} 0 0 20 0 "
+def _stat(pid: int, comm: str, pgid: int, minflt: int, majflt: int, utime: int, stime: int) -> str:
+    # fields 1-15 of /proc/<pid>/stat (the session, field 6, differs from the group), then zeros
+    return (f"{pid} ({comm}) S 1 {pgid} {pgid + 1000} 0 -1 4194560 {minflt} 0 {majflt} 0 {utime} {stime} 0 0 20 0 "
             + " ".join("0" for _ in range(36)) + "\n")
 
 
@@ -22,13 +22,13 @@ def test_stat_line_fields_after_a_command_name_with_spaces_and_parens() -> None:
     assert hu.parse_stat_line(line) == (7, 125, 3, 11)
 
 
-def test_session_usage_sums_only_that_sessions_processes(tmp_path: Path) -> None:
-    for pid, sid, ut in ((10, 7, 100), (11, 7, 50), (12, 9, 1000)):
+def test_group_usage_sums_only_that_groups_processes(tmp_path: Path) -> None:
+    for pid, pgid, ut in ((10, 7, 100), (11, 7, 50), (12, 9, 1000)):
         (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "stat").write_text(_stat(pid, "p", sid, minflt=pid, majflt=1, utime=ut, stime=0))
+        (tmp_path / str(pid) / "stat").write_text(_stat(pid, "p", pgid, minflt=pid, majflt=1, utime=ut, stime=0))
     (tmp_path / "self").mkdir()  # not a pid: skipped
     (tmp_path / "13").mkdir()  # exited between listing and reading: skipped
-    cpu, major, minor, rss, huge = hu.session_usage(7, tmp_path)
+    cpu, major, minor, rss, huge = hu.group_usage(7, tmp_path)
     assert cpu == pytest.approx(150 / hu._TICK) and major == 2 and minor == 21 and rss == huge == 0
 
 

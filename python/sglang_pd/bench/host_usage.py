@@ -1,4 +1,4 @@
-"""Where a benchmark's CPU time went on a Linux host: the server's processes (one session),
+"""Where a benchmark's CPU time went on a Linux host: the server's processes (one process group),
 the client (this process), and everything else, from /proc. A benchmark on a shared CPU reads
 this beside its latencies, so that a slow run can be told apart from a run that shared the
 machine with something else (the "other" share) or paid page faults (major faults: code or
@@ -22,10 +22,10 @@ class Usage:
 
     wall_s: float
     machine_busy_s: float  # all CPUs, every process and the kernel (not idle, not iowait)
-    server_cpu_s: float  # user + system of the server session's live processes
+    server_cpu_s: float  # user + system of the server group's live processes
     server_major_faults: int
     server_minor_faults: int  # page faults served without I/O (first touches of fresh memory)
-    server_rss_kb: int  # resident memory of the session's processes
+    server_rss_kb: int  # resident memory of the group's processes
     server_huge_kb: int  # of which in transparent huge pages (AnonHugePages)
     client_cpu_s: float  # this process, every thread
 
@@ -44,12 +44,12 @@ class Usage:
 
 
 def parse_stat_line(text: str) -> tuple[int, int, int, int]:
-    """(session id, utime + stime ticks, major faults, minor faults) from a /proc/<pid>/stat
+    """(process group id, utime + stime ticks, major faults, minor faults) from a /proc/<pid>/stat
     line. The command name may hold spaces and parentheses, so the fields are counted after its
     last ')'."""
     fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is field 3 (state): session is field 6, minflt 10, majflt 12, utime 14, stime 15
-    return int(fields[3]), int(fields[11]) + int(fields[12]), int(fields[9]), int(fields[7])
+    # fields[0] is field 3 (state): pgrp is field 5, minflt 10, majflt 12, utime 14, stime 15
+    return int(fields[2]), int(fields[11]) + int(fields[12]), int(fields[9]), int(fields[7])
 
 
 def parse_machine_busy(cpu_line: str) -> float:
@@ -70,16 +70,17 @@ def parse_rollup(text: str) -> tuple[int, int]:
     return vals.get("Rss", 0), vals.get("AnonHugePages", 0)
 
 
-def session_usage(sid: int, proc: Path = Path("/proc")) -> tuple[float, int, int, int, int]:
+def group_usage(pgid: int, proc: Path = Path("/proc")) -> tuple[float, int, int, int, int]:
     """(CPU seconds, major faults, minor faults, Rss kB, AnonHugePages kB) summed over the live
-    processes of session ``sid``."""
+    processes of process group ``pgid`` (a server started by ``server_procs.popen_own_group``:
+    its frontend and engine)."""
     ticks = major = minor = rss = huge = 0
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
         try:
-            s, t, f, m = parse_stat_line((d / "stat").read_text())
-            if s != sid:
+            g, t, f, m = parse_stat_line((d / "stat").read_text())
+            if g != pgid:
                 continue
             r, h = parse_rollup((d / "smaps_rollup").read_text()) if (d / "smaps_rollup").exists() else (0, 0)
         except (OSError, ValueError, IndexError):  # exited meanwhile
@@ -96,10 +97,10 @@ def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
         return 0.0
 
 
-def snapshot(server_sid: int) -> Usage:
+def snapshot(server_pgid: int) -> Usage:
     with open("/proc/stat") as f:
         busy = parse_machine_busy(f.readline())
-    cpu, major, minor, rss, huge = session_usage(server_sid)
+    cpu, major, minor, rss, huge = group_usage(server_pgid)
     return Usage(time.monotonic(), busy, cpu, major, minor, rss, huge, time.process_time())
 
 
