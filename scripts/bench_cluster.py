@@ -69,9 +69,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
-from request_timeline_report import join, read_lines, summarise
 from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import group_usage, metric_samples, process_cpu_s
+from sglang_pd.bench.ttft_stages import join, read_lines, summarise
 from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
 from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
 
@@ -144,7 +144,7 @@ class Run:
     by_class: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     overall: dict[str, float | int | None] = field(default_factory=dict)
     tracebacks: list[str] = field(default_factory=list)
-    # --request-log: per class, each TTFT stage's (p50, p90) in ms (request_timeline_report.py)
+    # --request-log: per class, each TTFT stage's (p50, p90) in ms (bench/ttft_stages.py)
     timeline: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
 

@@ -41,7 +41,8 @@ def bench_argv(a: argparse.Namespace, seed: int, log_dir: Path) -> list[str]:
     n = QUICK_PROMPTS if a.quick else a.num_prompts
     argv = [sys.executable, str(REPO / "scripts" / "bench_cluster.py"), "--setups", a.setups,
             "--seed", str(seed), "--trace-skip", str(seed * n), "--log-dir", str(log_dir), "--trace", a.trace,
-            "--no-prime"]  # each seed is its own invocation, calibrated and predicted alike
+            "--no-prime",  # each seed is its own invocation, calibrated and predicted alike
+            "--request-log"]  # the engines' TTFT stages, set beside the simulator's
     if a.rounds > 1:  # the same window N times: the simulator is compared with the runs' mean
         argv += ["--rounds", str(a.rounds)]
     if a.quick:

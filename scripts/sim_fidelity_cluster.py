@@ -39,6 +39,7 @@ from pathlib import Path
 from bench_cluster import _setups  # a sibling script (scripts/ is on the path)
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.bench.report import summary_fields
+from sglang_pd.bench.ttft_stages import compare_table, from_tracks, join, read_lines
 from sglang_pd.sim.calibration import (
     Calibration,
     apply,
@@ -373,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{bench} (seed {cfg['seed']}, trace from request {cfg.get('trace_skip', 0)})\n"
               "| class | metric | engine | simulator | error |\n|---|---|---|---|---|")
         dirs = run_dirs(bench)
+        stage_tables: list[str] = []
         for name in names:
             flags, recs = sim_argv(name, cfg, a), [load_run(d, name) for d in dirs]
             if flags is None or None in recs:
@@ -389,10 +391,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| **{name}** | {n} requests" + (f", mean of {len(dirs)} rounds" if len(dirs) > 1 else "")
                   + " | | | |")
             print("\n".join(lines))
+            # bench_cluster --request-log: the TTFT split per stage, engine beside simulator
+            engine_tl = join(read_lines([p for d in dirs for p in sorted(d.glob(f"{name}_*.log"))]),
+                             int(cfg.get("short_threshold", 256)))
+            if engine_tl:
+                shift = cal.ttft_overhead_s if cal else 0.0
+                stage_tables.append(f"\n{name}: TTFT by stage, {len(engine_tl)} engine requests over "
+                                    f"{len(dirs)} run(s)\n" + compare_table(
+                                        engine_tl, [t for res in sims for t in from_tracks(res.tracks, shift)]))
             for d, res, rec in zip(dirs, sims, recs):
                 if cal and rec and (d / f"{name}_steps.json").exists():
                     print(("" if len(dirs) == 1 else f"{d.name}: ")
                           + drift(res, rec, json.loads((d / f"{name}_steps.json").read_text())))
+        print("\n".join(stage_tables))
     for name, runs in errors.items():
         if runs:
             md, met = fidelity_table(runs)

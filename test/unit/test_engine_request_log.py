@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from request_timeline_report import parse_line
+from sglang_pd.bench.ttft_stages import parse_line
 from sglang_pd.server_args import ServerArgs
 
 LOGGER = "sglang_pd.engine.request_log"

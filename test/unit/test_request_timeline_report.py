@@ -1,4 +1,5 @@
-"""scripts/request_timeline_report.py: engine lines joined by room into a PD request's stages."""
+"""sglang_pd.bench.ttft_stages and scripts/request_timeline_report.py: engine lines joined by room
+into a PD request's stages, and the simulator's tracks split the same way."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from request_timeline_report import join, main, parse_line, read_lines, summarise
+from request_timeline_report import main
+from sglang_pd.bench.ttft_stages import join, parse_line, read_lines, summarise
 
 PREFIX = "[2026-11-28 08:00:00 EngineProcess] INFO sglang_pd.engine.request_log: "
 
@@ -65,3 +67,35 @@ def test_no_pairs_is_an_error(tmp_path: Path) -> None:
     log = tmp_path / "empty.log"
     log.write_text("nothing here\n")
     assert main([str(log)]) == 1
+
+
+def test_simulator_tracks_split_the_same_way() -> None:
+    from sglang_pd.scheduling.config import PolicyConfig
+    from sglang_pd.sim.cluster import Cluster
+    from sglang_pd.sim.cluster_spec import ClusterSpec
+    from sglang_pd.sim.profiles import build_cost
+    from sglang_pd.sim.workload import Arrival, Workload
+
+    from sglang_pd.bench.ttft_stages import from_tracks
+
+    spec = ClusterSpec(num_prefill=1, num_decode=1, cfg=PolicyConfig(slo_ttft_ms=2000, slo_tpot_ms=100))
+    arrivals = [Arrival(0.0, 3000, 4), Arrival(0.001, 100, 4), Arrival(0.002, 50_000, 2)]  # the last never fits
+    res = Cluster(spec, build_cost("llama-3-8b@h100", kv_capacity_tokens=20_000)).run(Workload(arrivals))
+    assert res.tracks[2].error
+    timelines = {t.room: t for t in from_tracks(res.tracks)}
+    assert set(timelines) == {0, 1}
+    first, second = timelines[0], timelines[1]
+    assert first.stages_ms["prefill_queue"] == pytest.approx(0.0)  # an idle cluster runs it at once
+    assert second.stages_ms["prefill_queue"] > 0  # fcfs: behind the first's first chunk at least
+    for t in (first, second):
+        s = t.stages_ms
+        assert min(s.values()) >= 0 and s["decode_skew"] == 0.0
+        assert s["ttft_server"] == pytest.approx(s["prefill_queue"] + s["prefill_forward"] + s["kv_to_decode"])
+        track = res.tracks[t.room]
+        assert track.first_token is not None
+        assert s["ttft_server"] == pytest.approx(1e3 * (track.first_token - track.arrival))
+    for track in res.tracks:  # as sim_fidelity_cluster.replay adds a calibrated TTFT overhead
+        track.first_token = None if track.first_token is None else track.first_token + 0.5
+    shifted = {t.room: t for t in from_tracks(res.tracks, shift_s=0.5)}
+    for room in (0, 1):
+        assert shifted[room].stages_ms == pytest.approx(timelines[room].stages_ms)

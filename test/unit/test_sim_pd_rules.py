@@ -185,3 +185,24 @@ def test_prompt_larger_than_a_pool_is_refused_at_arrival() -> None:
     assert "KV pool holds only 2000" in big.error and big.finish == 0.0
     assert not ok.error and ok.finish is not None and ok.finish < 1.0
     _conserved(res)
+
+
+def test_decode_reads_requests_and_kv_between_its_steps() -> None:
+    """As the decode engine's loop: a request that arrives during a decode step registers (and
+    so may start on prefill) when that step ends, and KV that lands during a step joins at its
+    end; an idle decode takes both at once."""
+    decode_step_s = 0.25
+    cost = StepCost("toy", PrefillCoeffs(launch_s=0.1, b=0.001), lambda b, ctx, cmax: decode_step_s,
+                    1000.0, 20_000)
+    spec = ClusterSpec(num_prefill=1, num_decode=1)
+    res = Cluster(spec, cost).run(Workload([Arrival(0.0, 100, 20), Arrival(0.3, 100, 20)]))
+    first, second = res.tracks
+    assert first.decode_ready == 0.0 and first.prefill_started == 0.0  # idle decode: at once
+    assert first.first_token is not None and first.first_token > 0.2
+    # the second arrives while the first decodes (steps of 0.25 s from its first token)
+    steps_end = [first.first_token + k * decode_step_s for k in range(1, 20)]
+    assert second.decode_ready == pytest.approx(min(t for t in steps_end if t > 0.3))
+    assert second.prefill_started == pytest.approx(second.decode_ready)
+    assert second.prefill_done is not None and second.first_token is not None
+    assert second.first_token == pytest.approx(min(t for t in steps_end if t > second.prefill_done))
+    _conserved(res)

@@ -6,7 +6,9 @@ is routed at arrival to one prefill and one decode instance (as the PD router do
 it for pre-allocation (FIFO), prefill holds it aside until that pre-allocation (its Register) and
 only then queues it (core/pd_rules.py: prefill_schedulable, so no hold-and-wait between the two);
 the transfer streams from the first chunk (sim/transfer.py) and its end is the first token (the
-decode engine flushes first tokens as their KV arrives). Colocated instances do both.
+decode engine flushes first tokens as their KV arrives). A decode engine reads its messages only
+between steps, as the engine's loop polls: a new request registers, and arrived KV joins, when
+the decode's running step ends (at once when it is idle). Colocated instances do both.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class Cluster:
         self.now = 0.0
         self.on_finish: Callable[[Track], None] | None = None
         self.num_finished = 0
+        # per decode instance: requests whose KV arrived during its running step (taken at its end)
+        self._kv_arrived: dict[int, list[Track]] = {}
 
     @staticmethod
     def _prole(inst: Instance) -> str:
@@ -150,7 +154,8 @@ class Cluster:
             d.in_flight += 1
             d.park_for_decode(dreq)
             self._push(self.now + self.spec.pd_timeout_s, BOOT, t)
-            self._poll_decode(d)
+            if d.step is None:  # else its loop reads the request when the step ends (_step_done)
+                self._poll_decode(d)
         else:
             p.add(preq)
         self._kick(p)
@@ -208,6 +213,8 @@ class Cluster:
         for r in done:
             self._finish(inst, r)
         if inst.role == "decode":
+            for t in self._kv_arrived.pop(inst.index, []):
+                self._take_kv(t, kick_decode=False)  # the loop's poll, before its next step
             self._poll_decode(inst)
         self._kick(inst)
 
@@ -216,9 +223,21 @@ class Cluster:
             return
         p, d = self.front[t.p_inst], self.decodes[t.d_inst]
         assert t.preq is not None and t.dreq is not None  # (a PD request)
-        p.sched.remove(t.preq)
+        p.sched.remove(t.preq)  # the prefill's pages are free again
         t.preq.state = ReqState.FINISHED
         p.in_flight -= 1
+        if d.step is not None:  # the decode engine sees its KV between steps (_step_done)
+            self._kv_arrived.setdefault(d.index, []).append(t)
+        else:
+            self._take_kv(t)
+        self._kick(p)
+
+    def _take_kv(self, t: Track, kick_decode: bool = True) -> None:
+        """The decode engine takes an arrived transfer: the first token goes out, decoding starts."""
+        if t.error:
+            return  # failed while its KV waited for the decode's step to end
+        d = self.decodes[t.d_inst]
+        assert t.dreq is not None  # (a PD request)
         d.transferring -= 1
         t.first_token = self.now
         r = t.dreq
@@ -228,9 +247,9 @@ class Cluster:
             self._finish(d, r)
         else:
             d.sched.start_running(r, kv_len=t.prompt_len)
-        self._poll_decode(d)
-        self._kick(d)
-        self._kick(p)
+        if kick_decode:
+            self._poll_decode(d)
+            self._kick(d)
 
     def _finish(self, inst: Instance, r: ClusterReq) -> None:
         inst.sched.remove(r)

@@ -43,6 +43,7 @@ class Track:
     request_class: str = ""  # short | long by new prompt tokens (set when the cluster classifies)
     p_inst: int = -1  # prefill (or colocated) instance
     d_inst: int = -1  # decode instance (PD)
+    prefill_started: float | None = None  # the first step that ran it (engine/request_log.py's)
     first_chunk_done: float | None = None
     prefill_done: float | None = None
     decode_ready: float | None = None
@@ -227,6 +228,10 @@ class Instance:
             return None, aborted
         self.step = step
         self.step_profile = step.profile()
+        for r, _ in step.prefill_plan:
+            t = r.track  # type: ignore[attr-defined]
+            if t.prefill_started is None:
+                t.prefill_started = now
         dur = self.cost.step_s(step)
         self.step_s = dur
         self.step_started = now
