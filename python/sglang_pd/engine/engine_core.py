@@ -32,6 +32,12 @@ from sglang_pd.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 PENDING_POLL_S = 0.001  # how often to poll KV transfers when nothing can compute meanwhile
+# PD prefill: how long the loop may poll a just-finished prefill's KV hand-off before the next
+# forward. The prefill's HTTP answer waits for the hand-off's end, and a router that awaits that
+# answer before the client's first token (SGLang's; vLLM's proxy sends to decode only after it)
+# otherwise waits for the whole next forward: seconds on a CPU (docs/bench_cluster.md, session
+# 12). A hand-off takes ~4 ms over loopback UCX for a short prompt, far less over RDMA.
+HANDOFF_WAIT_S = 0.05
 
 
 class EngineCore:
@@ -123,12 +129,15 @@ class EngineCore:
         now = self.clock()
         try:
             self._apply(self.pd.poll(now), now)
+            if self.pd.handing_off:
+                self._await_handoffs()
         except Exception:  # a transfer-layer bug must not take the engine down with every request
             logger.exception("PD poll failed; continuing")
-        if self.pd.flush_first_tokens_early and self.outbox and not self._flushed_early:
-            # first tokens that just arrived with their KV (and transfer errors) go out now,
-            # not after the next decode forward: that would double their TTFT. Never twice in
-            # a row, so steady arrivals cannot starve the running batch.
+        if self.pd.flush_early and self.outbox and not self._flushed_early:
+            # answers the poll found go out now, not after the next forward: first tokens that
+            # just arrived with their KV (decode: that would double their TTFT), ended
+            # hand-offs (prefill), transfer errors. Never twice in a row, so steady arrivals
+            # cannot starve the running batch.
             self._flushed_early = True
             outputs, self.outbox = self.outbox, []
             return outputs
@@ -159,6 +168,16 @@ class EngineCore:
             self.decode_log.done(profile)
             self.scheduler.observe(profile, profile.total_s, self.clock())
         return outputs
+
+    def _await_handoffs(self) -> None:
+        """PD prefill: poll the KV hand-offs the last step started until they end, at most
+        ``HANDOFF_WAIT_S``, so their answers do not wait for the next forward; once only."""
+        deadline = time.perf_counter() + HANDOFF_WAIT_S
+        while self.pd.handing_off and time.perf_counter() < deadline:
+            time.sleep(PENDING_POLL_S)
+            now = self.clock()
+            self._apply(self.pd.poll(now), now)
+        self.pd.handoffs_waited()
 
     def _run(self, step: ScheduledStep) -> None:
         """The forward and sampling (engine/executor.py), then what they mean for each request."""

@@ -31,7 +31,15 @@ class PDHooks(Protocol):
     things happened; the core applies them before it calls the side again."""
 
     role: str
-    flush_first_tokens_early: bool  # decode: first tokens go out before the next forward
+    # answers the poll produced go out before the next forward (decode: first tokens that came
+    # with their KV; prefill: requests whose KV hand-off ended)
+    flush_early: bool
+
+    # prefill: KV of requests whose prefill just finished is still on its way; the core polls it
+    # (briefly) before the next forward (EngineCore._await_handoffs)
+    @property
+    def handing_off(self) -> bool: ...
+    def handoffs_waited(self) -> None: ...  # the core waited for them: never again for these
 
     @property
     def has_pending(self) -> bool: ...  # transfers or bootstrap traffic to poll for
@@ -52,8 +60,12 @@ class NullPD:
     """Colocated mode: requests go straight to the waiting queue; nothing else happens."""
 
     role: str = "colocated"
-    flush_first_tokens_early: bool = False
+    flush_early: bool = False
     has_pending: bool = False
+    handing_off: bool = False
+
+    def handoffs_waited(self) -> None:
+        pass
 
     def admit(self, req: Req, msg: GenerateReq, now: float) -> PDEvent | str:
         return Queued(req)

@@ -39,7 +39,8 @@ class DecodeSide:
     reserved_pages: int  # --num-reserved-decode-tokens in pages: room to decode into
     max_running: int
     role: str = "decode"
-    flush_first_tokens_early: bool = True
+    flush_early: bool = True
+    handing_off: bool = False  # decode receives; it hands nothing off
     prealloc: deque[Req] = field(default_factory=deque)  # parked, waiting for pages
     transferring: dict[int, Req] = field(default_factory=dict)  # parked, registered, KV on its way
     stats_: TransferStats = field(default_factory=TransferStats)
@@ -79,6 +80,9 @@ class DecodeSide:
 
     def forget(self, req: Req) -> None:
         pass  # decode keeps no per-room state past the transfer
+
+    def handoffs_waited(self) -> None:
+        pass
 
     def abort(self, req: Req, now: float) -> None:
         if req in self.prealloc:

@@ -34,12 +34,21 @@ class PrefillSide:
     page_size: int
     mgr: KVSenderManager
     role: str = "prefill"
-    flush_first_tokens_early: bool = False
+    flush_early: bool = True  # an ended hand-off answers before the next forward
     rooms: dict[int, Req] = field(default_factory=dict)  # every PD request on this prefill
     # parked without pages until decode registers its room (then scheduler.waiting)
     bootstrapping: dict[int, Req] = field(default_factory=dict)
     started_at: dict[int, float] = field(default_factory=dict)
     stats_: TransferStats = field(default_factory=TransferStats)
+    # rooms whose last KV went out since the core last waited for hand-offs (handing_off)
+    fresh: set[int] = field(default_factory=set)
+
+    @property
+    def handing_off(self) -> bool:
+        return bool(self.fresh)
+
+    def handoffs_waited(self) -> None:
+        self.fresh.clear()
 
     @property
     def has_pending(self) -> bool:
@@ -100,6 +109,7 @@ class PrefillSide:
             return failed  # its room failed on the spot
         aux = msgspec.msgpack.encode(FirstTokenAux(req.output_ids[-1], logprob, top))
         self.mgr.kv_ready(req.bootstrap_room, len(req.pages), True, now, aux)
+        self.fresh.add(req.bootstrap_room)
         return [Parked(req)]  # decode finishes or continues it
 
     def abort(self, req: Req, now: float) -> None:
@@ -109,10 +119,12 @@ class PrefillSide:
         self.rooms.pop(req.bootstrap_room, None)
         self.bootstrapping.pop(req.bootstrap_room, None)
         self.started_at.pop(req.bootstrap_room, None)
+        self.fresh.discard(req.bootstrap_room)
 
     def poll(self, now: float) -> list[PDEvent]:
         events: list[PDEvent] = []
         for update in self.mgr.poll(now):
+            self.fresh.discard(update.room)  # its hand-off ended (done or failed)
             req = self.rooms.get(update.room)
             if req is None:
                 continue
