@@ -36,7 +36,7 @@ two setups, a CI smoke (scripts/ and the bench package only; no figures worth qu
 No CUDA graphs on CPU: the short-prefill graph buckets of the short pool show nothing here.
 How long: each setup starts its servers (~35 s on 2 cores), replays the workload's span
 (--num-prompts / --rate: 80 at 1.5 req/s is ~53 s) and drains; ~1-2 min a setup, ~15-25 min
-for all twelve at the defaults. Setups run one after another, so a busy machine can shift a
+for all fifteen at the defaults. Setups run one after another, so a busy machine can shift a
 whole row: --rounds N runs them N times in alternating order (after an unmeasured --prime
 cluster) and summarises each setup's mean and range. --decode-log: one line
 per decode decision in the decode server's log (engine/decode_log.py). --request-log: one line
@@ -91,8 +91,17 @@ class Setup:
     what: str = ""
 
 
+# SGLang's prefill answers a finished prompt only between its forwards (its inflight queue is
+# polled between batches), and SGLang's router holds the client's first token until that answer
+# (sgl-project/sglang#22853): the baselines' prefills do the same. "+handoff" rows: as if it
+# answered at once (our prefill's default, --disaggregation-prefill-handoff-wait-ms 50).
+AS_SGLANG_PREFILL = ("--disaggregation-prefill-handoff-wait-ms", "0")
+
+
 def _setups(edf_concurrency: int) -> dict[str, Setup]:
     fcfs = (("--prefill-policy", "fcfs"),) * 2
+    fcfs_sglang = (("--prefill-policy", "fcfs", *AS_SGLANG_PREFILL),) * 2
+    spf = ("--prefill-policy", "sglang-spf")
 
     def ours(name: str, what: str, prefill: list[str] = OURS_PREFILL, roles: tuple[str, str] = ("short", "long"),
              decode: str = "slack+", controller: str = "off", route: str = "length_aware",
@@ -102,11 +111,15 @@ def _setups(edf_concurrency: int) -> dict[str, Setup]:
                      ("--pool-controller", controller, "--prefill-policy", route, *extra), what)
 
     rows = [
-        Setup("sglang-pd", "sglang", fcfs, ("--decode-policy", "continuous"), (),
+        Setup("sglang-pd", "sglang", fcfs_sglang, ("--decode-policy", "continuous"), (),
               "SGLang's router, fcfs prefill, continuous decode"),
-        Setup("sglang-spf", "sglang", (("--prefill-policy", "sglang-spf"),) * 2,
+        Setup("sglang-pd+handoff", "sglang", fcfs, ("--decode-policy", "continuous"), (),
+              "sglang-pd, its prefills answering a finished prompt at once"),
+        Setup("sglang-spf", "sglang", ((*spf, *AS_SGLANG_PREFILL),) * 2,
               ("--decode-policy", "continuous"), (), "SGLang's router, shortest-prefill-first"),
-        Setup("vllm-threshold", "sglang", (("--prefill-policy", "vllm-threshold"),) * 2,
+        Setup("sglang-spf+handoff", "sglang", (spf,) * 2,
+              ("--decode-policy", "continuous"), (), "sglang-spf, its prefills answering at once"),
+        Setup("vllm-threshold", "sglang", (("--prefill-policy", "vllm-threshold", *AS_SGLANG_PREFILL),) * 2,
               ("--decode-policy", "continuous"), (), "SGLang's router, vLLM's long-prefill cap"),
         Setup("dynamo-edf", "ours", fcfs, ("--decode-policy", "continuous"),
               ("--prefill-policy", "power_of_two", "--pool-controller", "off", "--queue-order", "edf",

@@ -97,6 +97,12 @@ class ServerArgs(PolicyConfig):
     # accepted; UCX picks devices from UCX_NET_DEVICES
     disaggregation_ib_device: str | None = flag(None, "--disaggregation-ib-device")
     num_reserved_decode_tokens: int = flag(512, "--num-reserved-decode-tokens")
+    disaggregation_prefill_handoff_wait_ms: float = flag(
+        50.0, "--disaggregation-prefill-handoff-wait-ms",
+        help="prefill: after a step that finished prompts, poll their KV hand-off this long at most "
+             "before the next forward, and answer at once (a router that awaits the prefill's answer, "
+             "as SGLang's does, is not held for that forward); 0: answer between forwards only, as "
+             "SGLang's prefill does (engine/engine_core.py)")
     disaggregation_decode_enable_radix_cache: bool = flag(
         False, "--disaggregation-decode-enable-radix-cache",
         help="decode keeps finished requests' KV in a prefix cache; a follow-up prompt's cached "

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from engine_drive import serve_greedy
 from sglang_pd.server_args import ServerArgs
 
 LOGGER = "sglang_pd.engine.decode_log"
@@ -15,22 +16,10 @@ LOGGER = "sglang_pd.engine.decode_log"
 
 def _serve(model: str) -> dict[str, list[int]]:
     from sglang_pd.engine.engine_core import EngineCore
-    from sglang_pd.protocol import GenerateReq, SamplingParams
 
     core = EngineCore(ServerArgs(model_path=model, page_size=4, device="cpu", max_total_tokens=2048,
                                  dtype="float32", decode_policy="slack+", slo_tpot_ms=250.0))
-    params = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
-    prompts = [[11, 12, 13], [40 + i for i in range(30)], [7] * 6]
-    got: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    for i, ids in enumerate(prompts):
-        core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params, stream=True))
-    for _ in range(200):
-        for out in core.step():
-            assert out.error_status == 0, out.finish_reason
-            got[out.rid].extend(out.new_token_ids)
-        if all(len(t) == 6 for t in got.values()):
-            return got
-    raise AssertionError(f"not finished: {got}")
+    return serve_greedy(core, [[11, 12, 13], [40 + i for i in range(30)], [7] * 6], max_new_tokens=6)
 
 
 def test_decode_log_on_the_engine(tiny_model_factory, caplog: pytest.LogCaptureFixture) -> None:

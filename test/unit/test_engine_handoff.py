@@ -42,9 +42,10 @@ class HandoffPD(NullPD):
         return [Finished(self.req, {"type": "length", "length": 1})] if self.polls_left <= 0 else []
 
 
-def _core(model: str, pd: HandoffPD) -> tuple[engine_core.EngineCore, Req]:
+def _core(model: str, pd: HandoffPD, wait_ms: float = 50.0) -> tuple[engine_core.EngineCore, Req]:
     core = engine_core.EngineCore(ServerArgs(model_path=model, page_size=4, device="cpu",
-                                             max_total_tokens=2048, dtype="float32"))
+                                             max_total_tokens=2048, dtype="float32",
+                                             disaggregation_prefill_handoff_wait_ms=wait_ms))
     handed = Req("handed", [1, 2, 3], SamplingParams(max_new_tokens=1), arrival=core.clock())
     handed.output_ids.append(7)
     core.scheduler.park(handed)  # as PrefillSide.on_first_token leaves it: parked, KV on its way
@@ -66,10 +67,10 @@ def test_ended_handoff_answers_before_the_next_forward(tiny_model_factory) -> No
     assert nxt.first_run_time is not None and nxt.kv_len > 0
 
 
-def test_a_slow_handoff_delays_the_forward_at_most_once(tiny_model_factory, monkeypatch) -> None:
-    monkeypatch.setattr(engine_core, "HANDOFF_WAIT_S", 0.02)
+def test_a_slow_handoff_delays_the_forward_at_most_once(tiny_model_factory) -> None:
     pd = HandoffPD(polls_left=None)  # never ends
     core, handed = _core(tiny_model_factory("llama"), pd)
+    core.handoff_wait_s = 0.02
     nxt = core.scheduler.find("next")
     core.step()
     assert pd.waited == [True] and pd.polls >= 2  # it polled, gave up at the bound
@@ -79,3 +80,17 @@ def test_a_slow_handoff_delays_the_forward_at_most_once(tiny_model_factory, monk
     assert pd.polls == polls + 1  # no second wait for the same hand-off
     assert not handed.finished
 
+
+
+def test_no_wait_answers_after_the_forward_as_sglangs_prefill(tiny_model_factory) -> None:
+    """``--disaggregation-prefill-handoff-wait-ms 0``: the loop polls once and starts the
+    forward; the ended hand-off is answered at the next loop (the baselines' setting)."""
+    pd = HandoffPD(polls_left=2)
+    core, handed = _core(tiny_model_factory("llama"), pd, wait_ms=0.0)
+    nxt = core.scheduler.find("next")
+    outs = core.step()
+    assert not handed.finished and "handed" not in [o.rid for o in outs]  # one poll: not ended yet
+    assert nxt is not None and nxt.first_run_time is not None  # the forward ran meanwhile
+    assert pd.waited == []
+    outs = core.step()
+    assert "handed" in [o.rid for o in outs] and handed.finished

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from engine_drive import serve_greedy
 from sglang_pd.bench.ttft_stages import parse_line
 from sglang_pd.server_args import ServerArgs
 
@@ -17,21 +18,10 @@ PROMPTS = [[11, 12, 13], [40 + i for i in range(30)], [7] * 6]
 
 def _serve(model: str, log_requests: bool) -> dict[str, list[int]]:
     from sglang_pd.engine.engine_core import EngineCore
-    from sglang_pd.protocol import GenerateReq, SamplingParams
 
     core = EngineCore(ServerArgs(model_path=model, page_size=4, device="cpu", max_total_tokens=2048,
                                  dtype="float32", log_requests=log_requests))
-    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-    got: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
-    for i, ids in enumerate(PROMPTS):
-        core.add_request(GenerateReq(rid=str(i), input_ids=ids, sampling_params=params, stream=True))
-    for _ in range(100):
-        for out in core.step():
-            assert out.error_status == 0, out.finish_reason
-            got[out.rid].extend(out.new_token_ids)
-        if all(len(t) == 4 for t in got.values()):
-            return got
-    raise AssertionError(f"not finished: {got}")
+    return serve_greedy(core, PROMPTS, max_new_tokens=4, max_steps=100)
 
 
 @pytest.mark.parametrize("log_requests, level", [(False, logging.DEBUG), (True, logging.INFO)])

@@ -32,12 +32,6 @@ from sglang_pd.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 PENDING_POLL_S = 0.001  # how often to poll KV transfers when nothing can compute meanwhile
-# PD prefill: how long the loop may poll a just-finished prefill's KV hand-off before the next
-# forward. The prefill's HTTP answer waits for the hand-off's end, and a router that awaits that
-# answer before the client's first token (SGLang's; vLLM's proxy sends to decode only after it)
-# otherwise waits for the whole next forward: seconds on a CPU (docs/bench_cluster.md, session
-# 12). A hand-off takes ~4 ms over loopback UCX for a short prompt, far less over RDMA.
-HANDOFF_WAIT_S = 0.05
 
 
 class EngineCore:
@@ -62,6 +56,13 @@ class EngineCore:
         self.decode_log = DecodeLog()  # one debug line per decode decision (engine/decode_log.py)
         # one line per finished request: where its time went here (engine/request_log.py)
         self.request_log = RequestLog(args.disaggregation_mode, args.log_requests)
+        # PD prefill: how long the loop may poll a just-finished prompt's KV hand-off before the
+        # next forward. Its HTTP answer waits for the hand-off's end, and a router that awaits that
+        # answer before the client's first token (SGLang's; vLLM's proxy sends to decode only
+        # after it) would otherwise wait for the whole next forward: seconds on a CPU
+        # (docs/bench_cluster.md, session 12). A short prompt's hand-off takes ~4-12 ms over
+        # loopback UCX here, far less over RDMA.
+        self.handoff_wait_s = args.disaggregation_prefill_handoff_wait_ms / 1e3
 
     def add_request(self, msg: GenerateReq) -> None:
         error = request_error(msg, self.limits, self._find(msg.rid) is not None)  # admission.py
@@ -129,7 +130,7 @@ class EngineCore:
         now = self.clock()
         try:
             self._apply(self.pd.poll(now), now)
-            if self.pd.handing_off:
+            if self.pd.handing_off and self.handoff_wait_s > 0:
                 self._await_handoffs()
         except Exception:  # a transfer-layer bug must not take the engine down with every request
             logger.exception("PD poll failed; continuing")
@@ -171,8 +172,8 @@ class EngineCore:
 
     def _await_handoffs(self) -> None:
         """PD prefill: poll the KV hand-offs the last step started until they end, at most
-        ``HANDOFF_WAIT_S``, so their answers do not wait for the next forward; once only."""
-        deadline = time.perf_counter() + HANDOFF_WAIT_S
+        ``handoff_wait_s``, so their answers do not wait for the next forward; once only."""
+        deadline = time.perf_counter() + self.handoff_wait_s
         while self.pd.handing_off and time.perf_counter() < deadline:
             time.sleep(PENDING_POLL_S)
             now = self.clock()
