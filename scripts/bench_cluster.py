@@ -73,7 +73,7 @@ from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import group_usage, metric_samples, process_cpu_s
 from sglang_pd.bench.ttft_stages import join, read_lines, summarise
 from sglang_pd.utils.pinning import engine_pids, lower_priority, pin_engines, restore_self
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_LAG_S = 1.5  # engines push their step samples every second (engine_process.py)
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="decode server at --log-level debug: one line per decode decision in its log")
     ap.add_argument("--request-log", action="store_true",
                     help="servers with --log-requests: one line per request per engine with its stages; "
-                         "each run's TTFT split per class (request_timeline_report.py) goes in the JSON")
+                         "each run's TTFT split per class (bench/ttft_stages.py) goes in the JSON")
     ap.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "bench_cluster"))
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--request-timeout", type=float, default=300.0)

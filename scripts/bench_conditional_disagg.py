@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 

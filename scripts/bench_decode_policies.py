@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy
 
 
 POLICIES = ("continuous", "slack", "slack+")

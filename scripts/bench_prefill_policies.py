@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICIES = "fcfs,kairos,kairos+,lars,edf,dual"

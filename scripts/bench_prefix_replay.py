@@ -52,7 +52,7 @@ from sglang_pd.bench.host_usage import metric_sum, snapshot
 from sglang_pd.bench.traces import TraceRecord, load_mooncake_jsonl
 from sglang_pd.core.load_signals import BUSY_WINDOW_S
 from sglang_pd.sim.prefix_cache import shared_prefixes
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "data/traces/mooncake/conversation_trace.jsonl"

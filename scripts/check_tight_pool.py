@@ -27,7 +27,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 from sglang_pd.scheduling.registry import PREFILL_POLICIES  # noqa: E402
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy  # noqa: E402
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy  # noqa: E402
 
 POOL_FLAGS = ["--page-size", "16", "--max-total-tokens", "1600", "--chunked-prefill-size", "512",
               "--max-prefill-tokens", "1024"]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_pd.utils.server_procs import popen_own_group, free_port, stop, wait_healthy
+from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_healthy
 
 VOCAB = 49152
 STEP_SUM = re.compile(r'^sglang:engine_step_seconds_(sum|count)\{[^}]*mode="(\w+)"[^}]*\} (\S+)$', re.M)

@@ -126,8 +126,6 @@ def table(summary: dict[str, dict[str, tuple[float, float]]], counts: dict[str, 
     return "\n".join(rows)
 
 
-
-
 def from_tracks(tracks: Sequence[Track], shift_s: float = 0.0) -> list[PDTimeline]:
     """The simulator's PD requests (``Track``s with both sides run) split the same way.
     ``shift_s``: what the caller already added to each ``first_token`` (a calibrated TTFT
