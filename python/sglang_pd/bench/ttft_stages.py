@@ -17,11 +17,12 @@ like. Stages (ms):
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from sglang_pd.bench.metrics import percentile
 
 if TYPE_CHECKING:
     from sglang_pd.sim.instance import Track
@@ -101,20 +102,18 @@ def join(lines: list[TimelineLine], short_threshold: int) -> list[PDTimeline]:
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 def summarise(timelines: list[PDTimeline]) -> dict[str, dict[str, tuple[float, float]]]:
     """Per class, each stage's (p50, p90) in ms, to 0.1 ms."""
     by_cls: dict[str, list[PDTimeline]] = {}
     for t in timelines:
         by_cls.setdefault(t.cls, []).append(t)
-    return {cls: {s: (round(_pct([t.stages_ms[s] for t in ts], 0.5), 1),
-                      round(_pct([t.stages_ms[s] for t in ts], 0.9), 1))
-                  for s in STAGES} for cls, ts in sorted(by_cls.items())}
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for cls, ts in sorted(by_cls.items()):
+        out[cls] = {}
+        for stage in STAGES:
+            values = [t.stages_ms[stage] for t in ts]
+            out[cls][stage] = (round(percentile(values, 50), 1), round(percentile(values, 90), 1))
+    return out
 
 
 def table(summary: dict[str, dict[str, tuple[float, float]]], counts: dict[str, int]) -> str:
