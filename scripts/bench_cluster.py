@@ -3,8 +3,8 @@
 
   python scripts/bench_cluster.py [--out docs/bench] [--setups sglang-pd,ours,...] [--quick]
 
-For each setup, in turn, on this machine: start 2 prefill servers and 1 decode server
-(``sglang_pd.launch_server``, SmolLM2-135M shape with ``--load-format dummy``, one thread
+For each setup, in turn, on this machine: start 2 prefill servers (``--prefills 1``: one) and
+1 decode server (``sglang_pd.launch_server``, SmolLM2-135M shape with ``--load-format dummy``, one thread
 each), a router in front (SGLang's ``sglang_router`` or ours), replay the same workload through
 it with ``sglang_pd.bench_serving`` (same requests at the same times), stop everything and scan
 the logs for tracebacks. Setups (``--list`` prints them):
@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
+from bench_cluster_setups import Setup, cluster_setups
 from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import group_usage, metric_samples, process_cpu_s
 from sglang_pd.bench.ttft_stages import join, read_lines, summarise
@@ -78,69 +79,6 @@ from sglang_pd.utils.server_procs import free_port, popen_own_group, stop, wait_
 REPO = Path(__file__).resolve().parents[1]
 STATS_LAG_S = 1.5  # engines push their step samples every second (engine_process.py)
 PRIORITY_NICE = 10  # --pin-layout priority: prefill1's engine yields the shared core to prefill0's
-OURS_PREFILL = ["--prefill-policy", "kairos+", "--prefill-queues", "dual"]
-
-
-@dataclass(frozen=True)
-class Setup:
-    name: str
-    router: str  # "sglang" | "ours"
-    prefill: tuple[tuple[str, ...], ...]  # flags of each prefill server
-    decode: tuple[str, ...]
-    router_flags: tuple[str, ...] = ()
-    what: str = ""
-
-
-# SGLang's prefill answers a finished prompt only between its forwards (its inflight queue is
-# polled between batches), and SGLang's router holds the client's first token until that answer
-# (sgl-project/sglang#22853): the baselines' prefills do the same. "+handoff" rows: as if it
-# answered at once (our prefill's default, --disaggregation-prefill-handoff-wait-ms 50).
-AS_SGLANG_PREFILL = ("--disaggregation-prefill-handoff-wait-ms", "0")
-
-
-def _setups(edf_concurrency: int) -> dict[str, Setup]:
-    fcfs = (("--prefill-policy", "fcfs"),) * 2
-    fcfs_sglang = (("--prefill-policy", "fcfs", *AS_SGLANG_PREFILL),) * 2
-    spf = ("--prefill-policy", "sglang-spf")
-
-    def ours(name: str, what: str, prefill: list[str] = OURS_PREFILL, roles: tuple[str, str] = ("short", "long"),
-             decode: str = "slack+", controller: str = "off", route: str = "length_aware",
-             extra: tuple[str, ...] = (), decode_extra: tuple[str, ...] = ()) -> Setup:
-        return Setup(name, "ours", tuple((*prefill, "--prefill-role", r) for r in roles),
-                     ("--decode-policy", decode, *decode_extra),
-                     ("--pool-controller", controller, "--prefill-policy", route, *extra), what)
-
-    rows = [
-        Setup("sglang-pd", "sglang", fcfs_sglang, ("--decode-policy", "continuous"), (),
-              "SGLang's router, fcfs prefill, continuous decode"),
-        Setup("sglang-pd+handoff", "sglang", fcfs, ("--decode-policy", "continuous"), (),
-              "sglang-pd, its prefills answering a finished prompt at once"),
-        Setup("sglang-spf", "sglang", ((*spf, *AS_SGLANG_PREFILL),) * 2,
-              ("--decode-policy", "continuous"), (), "SGLang's router, shortest-prefill-first"),
-        Setup("sglang-spf+handoff", "sglang", (spf,) * 2,
-              ("--decode-policy", "continuous"), (), "sglang-spf, its prefills answering at once"),
-        Setup("vllm-threshold", "sglang", (("--prefill-policy", "vllm-threshold", *AS_SGLANG_PREFILL),) * 2,
-              ("--decode-policy", "continuous"), (), "SGLang's router, vLLM's long-prefill cap"),
-        Setup("dynamo-edf", "ours", fcfs, ("--decode-policy", "continuous"),
-              ("--prefill-policy", "power_of_two", "--pool-controller", "off", "--queue-order", "edf",
-               "--max-concurrent-requests", str(edf_concurrency), "--queue-timeout-secs", "300"),
-              f"our router, EDF queue over {edf_concurrency} in flight, fcfs/continuous"),
-        ours("ours", "length pools, dual queues + kairos+, slack+"),
-        ours("ours-no-pools", "ours, both prefills of role both", roles=("both", "both")),
-        ours("ours-no-dual", "ours, single queues (kairos+)", prefill=["--prefill-policy", "kairos+"]),
-        ours("ours-no-kairos", "ours, dual queues over fcfs",
-             prefill=["--prefill-policy", "fcfs", "--prefill-queues", "dual"]),
-        ours("ours-no-slack", "ours, continuous decode", decode="continuous"),
-        ours("ours+reserve", "ours, slack+ keeping the decode table's p90 overrun in reserve",
-             decode_extra=("--decode-reserve-quantile", "0.9")),
-        ours("ours+controller", "ours, pool controller on", controller="on"),
-        ours("ours+spill", "ours, longs spill onto an idle short instance (item 0)", route="length_aware_spill"),
-        ours("ours+cond", "ours, shorts prefilled on decode while their prefill is loaded (item 3)",
-             extra=("--conditional-disagg", "on")),
-    ]
-    return {s.name: s for s in rows}
-
-
 @dataclass
 class Run:
     setup: str
@@ -398,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
                     help="the prefill engines on the first core; the decode engine, frontends, router and "
                          "the bench client on the others (utils/pinning.py)")
+    ap.add_argument("--prefills", type=int, choices=(1, 2), default=2,
+                    help="prefill servers per setup: 2 (the issue's cluster; on 2 cores they share one) or 1 "
+                         "(each engine a core of its own: prefill alone on the first, decode on the other; ours "
+                         "keeps dual queues + kairos+ on one instance of role both; bench_cluster_setups.py)")
     ap.add_argument("--pin-layout", choices=("shared", "split", "priority"), default="shared",
                     help="with --pin-cores: shared = both prefill engines on the first core; split = prefill0 "
                          "(ours: the short role) alone there, prefill1 and decode on the other; priority = as "
@@ -429,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ap = build_parser()
     args = ap.parse_args(argv)
-    setups = _setups(args.edf_concurrency)
+    if args.prefills == 1 and args.pin_layout != "shared":
+        ap.error("--prefills 1: the one prefill engine has the first core to itself; --pin-layout is moot")
+    setups = cluster_setups(args.edf_concurrency, args.prefills)
     if args.list:
         for s in setups.values():
             print(f"{s.name:<16} {s.what}")

@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_cluster import _setups  # a sibling script (scripts/ is on the path)
+from bench_cluster_setups import cluster_setups  # a sibling script (scripts/ is on the path)
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.bench.report import summary_fields
 from sglang_pd.bench.ttft_stages import compare_table, from_tracks, join, read_lines
@@ -66,7 +66,7 @@ def _flag_pairs(flags: tuple[str, ...]) -> dict[str, str]:
 
 def sim_argv(setup_name: str, cfg: dict, a: argparse.Namespace) -> list[str] | None:
     """The simulator's flags for one bench_cluster setup (None: not expressible)."""
-    s = _setups(cfg.get("edf_concurrency", 4))[setup_name]
+    s = cluster_setups(cfg.get("edf_concurrency", 4), cfg.get("prefills", 2))[setup_name]
     if s.router != "ours":
         return None
     prefill = [_flag_pairs(f) for f in s.prefill]

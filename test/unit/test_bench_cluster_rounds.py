@@ -14,6 +14,7 @@ if str(SCRIPTS) not in sys.path:
 
 import bench_cluster as bc  # noqa: E402
 import bench_cluster_report as rep  # noqa: E402
+from bench_cluster_setups import cluster_setups  # noqa: E402
 
 
 @dataclass
@@ -81,7 +82,7 @@ def test_a_cluster_that_never_came_up_is_started_once_more(monkeypatch) -> None:
             return bc.Run(s.name, ok=not problem, problem=problem)
         return run_setup
 
-    setup = bc._setups(4)["ours"]
+    setup = cluster_setups(4)["ours"]
     down = "decode not healthy in 120 s (rc=None)"
     for problems, want_calls, want_ok in (([down, ""], 2, True), ([down, down], 2, False),
                                           (["3 failed: {}", ""], 1, False), ([""], 1, True)):

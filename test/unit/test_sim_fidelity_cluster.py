@@ -8,6 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
@@ -41,6 +43,15 @@ def test_our_setups_map_to_the_same_cluster_and_the_rest_are_skipped() -> None:
     assert _value(sfc.sim_argv("ours-no-pools", CFG, OPTS) or [], "--prefill-role") == "both,both"
     for name in ("sglang-pd", "dynamo-edf", "ours+cond"):  # not ours, or not in the simulator
         assert sfc.sim_argv(name, CFG, OPTS) is None
+
+
+def test_one_prefill_setups_map_to_one_instance_of_role_both() -> None:
+    cfg = dict(CFG, prefills=1)
+    argv = sfc.sim_argv("ours", cfg, OPTS)
+    assert argv is not None and _value(argv, "--prefill") == "1" and _value(argv, "--prefill-role") == "both"
+    assert _value(argv, "--prefill-queues") == "dual"  # the dual queues stay on the one instance
+    with pytest.raises(KeyError):  # no pools to move work between with one prefill
+        sfc.sim_argv("ours+spill", cfg, OPTS)
 
 
 def test_a_replay_reports_both_classes() -> None:
