@@ -21,6 +21,7 @@ the logs for tracebacks. Setups (``--list`` prints them):
       ours-no-slack     ours with continuous decode (no slack+)
       ours+reserve      ours with slack+ keeping the decode table's p90 overrun in reserve
                         (--decode-reserve-quantile 0.9)
+      ours+budget       ours with long chunks sized to end within 400 ms (--time-budget-ms)
       ours+controller   ours with the pool controller on (an addition: it moves instances)
       ours+spill        ours with length_aware_spill routing (item 0: idle short instances take longs)
       ours+cond         ours with --conditional-disagg on (item 3: a short prompt is prefilled on the
@@ -69,7 +70,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_cluster_report import plot, rounds_spread, rounds_summary, table
-from bench_cluster_setups import Setup, cluster_setups
+from bench_cluster_setups import TIME_BUDGET_MS, Setup, cluster_setups
 from sglang_pd.bench.datasets import rate_offering
 from sglang_pd.bench.host_usage import group_usage, metric_samples, process_cpu_s
 from sglang_pd.bench.ttft_stages import join, read_lines, summarise
@@ -330,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--slo-ttft-long-ms", type=float, default=5000.0)
     ap.add_argument("--slo-tpot-ms", type=float, default=250.0)
     ap.add_argument("--chunk", type=int, default=512, help="--chunked-prefill-size of every server")
+    ap.add_argument("--time-budget-ms", type=float, default=TIME_BUDGET_MS,
+                    help="ours+budget: the prefill servers' --prefill-time-budget-ms")
     ap.add_argument("--edf-concurrency", type=int, default=4, help="dynamo-edf: requests in flight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model-dir", default=None, help="default: make_dummy_config smollm2-135m (--quick: tiny)")
@@ -373,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.prefills == 1 and args.pin_layout != "shared":
         ap.error("--prefills 1: the one prefill engine has the first core to itself; --pin-layout is moot")
-    setups = cluster_setups(args.edf_concurrency, args.prefills)
+    setups = cluster_setups(args.edf_concurrency, args.prefills, args.time_budget_ms)
     if args.list:
         for s in setups.values():
             print(f"{s.name:<16} {s.what}")

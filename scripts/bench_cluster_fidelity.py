@@ -42,7 +42,8 @@ def bench_argv(a: argparse.Namespace, seed: int, log_dir: Path) -> list[str]:
     argv = [sys.executable, str(REPO / "scripts" / "bench_cluster.py"), "--setups", a.setups,
             "--seed", str(seed), "--trace-skip", str(seed * n), "--log-dir", str(log_dir), "--trace", a.trace,
             "--no-prime",  # each seed is its own invocation, calibrated and predicted alike
-            "--request-log"]  # the engines' TTFT stages, set beside the simulator's
+            "--request-log",  # the engines' TTFT stages, set beside the simulator's
+            "--prefills", str(a.prefills)]  # the simulated cluster follows (bench_cluster.json's config)
     if a.rounds > 1:  # the same window N times: the simulator is compared with the runs' mean
         argv += ["--rounds", str(a.rounds)]
     if a.quick:
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default="azure-conv")
     ap.add_argument("--num-prompts", type=int, default=80, help="requests per seed window")
     ap.add_argument("--rate", type=float, default=1.5)
+    ap.add_argument("--prefills", type=int, choices=(1, 2), default=2,
+                    help="bench_cluster --prefills: 2 prefill engines sharing the first core, or 1 alone there")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run each seed's window N times (bench_cluster --rounds); each seed's engine figures "
                          "are then the mean over its N runs, and so are the simulator's")

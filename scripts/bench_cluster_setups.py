@@ -18,6 +18,11 @@ OURS_PREFILL = ("--prefill-policy", "kairos+", "--prefill-queues", "dual")
 # (sgl-project/sglang#22853): the baselines' prefills do the same. "+handoff" rows: as if it
 # answered at once (our prefill's default, --disaggregation-prefill-handoff-wait-ms 50).
 AS_SGLANG_PREFILL = ("--disaggregation-prefill-handoff-wait-ms", "0")
+# ours+budget: Medha's adaptive chunking as a preemption quantum on the prefill servers (a long
+# prompt's chunks sized to end within it, so a short waits at most about this long behind one);
+# off in `ours`, as the servers' default. 400 ms: well inside the 1 s short SLO at a short
+# batch's ~200-300 ms on this CPU (docs/bench_cluster.md, session 13).
+TIME_BUDGET_MS = 400.0
 POOL_SETUPS = ("ours-no-pools", "ours+controller", "ours+spill")  # the same as ours with one prefill
 
 
@@ -31,8 +36,10 @@ class Setup:
     what: str = ""
 
 
-def cluster_setups(edf_concurrency: int, prefills: int = 2) -> dict[str, Setup]:
-    """Every setup by name, in the order bench_cluster runs them by default."""
+def cluster_setups(edf_concurrency: int, prefills: int = 2,
+                   time_budget_ms: float = TIME_BUDGET_MS) -> dict[str, Setup]:
+    """Every setup by name, in the order bench_cluster runs them by default (``time_budget_ms``:
+    ``ours+budget``'s ``--prefill-time-budget-ms``)."""
     if prefills not in (1, 2):
         raise ValueError(f"prefills must be 1 or 2, not {prefills}")
 
@@ -76,6 +83,8 @@ def cluster_setups(edf_concurrency: int, prefills: int = 2) -> dict[str, Setup]:
         ours("ours-no-slack", "ours, continuous decode", decode="continuous"),
         ours("ours+reserve", "ours, slack+ keeping the decode table's p90 overrun in reserve",
              decode_extra=("--decode-reserve-quantile", "0.9")),
+        ours("ours+budget", f"ours, long chunks sized to end within {time_budget_ms:g} ms (Medha's adaptive chunking)",
+             prefill=(*OURS_PREFILL, "--prefill-time-budget-ms", f"{time_budget_ms:g}")),
         ours("ours+controller", "ours, pool controller on", controller="on"),
         ours("ours+spill", "ours, longs spill onto an idle short instance (item 0)", route="length_aware_spill"),
         ours("ours+cond", "ours, shorts prefilled on decode while their prefill is loaded (item 3)",

@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_cluster_setups import cluster_setups  # a sibling script (scripts/ is on the path)
+from bench_cluster_setups import TIME_BUDGET_MS, cluster_setups  # a sibling script (scripts/ is on the path)
 from sglang_pd.bench.metrics import SloSpec
 from sglang_pd.bench.report import summary_fields
 from sglang_pd.bench.ttft_stages import compare_table, from_tracks, join, read_lines
@@ -55,7 +55,7 @@ from sglang_pd.sim.report import metrics
 from sglang_pd.sim.workload import Arrival, Workload
 
 # prefill server flags that the simulator's CLI takes under the same name and meaning
-_SAME_PREFILL = ("--prefill-policy", "--prefill-queues")
+_SAME_PREFILL = ("--prefill-policy", "--prefill-queues", "--prefill-time-budget-ms")
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K, V) x 4 bytes (float32 on CPU)
 SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 3 * 64 * 2 * 4
 
@@ -66,7 +66,8 @@ def _flag_pairs(flags: tuple[str, ...]) -> dict[str, str]:
 
 def sim_argv(setup_name: str, cfg: dict, a: argparse.Namespace) -> list[str] | None:
     """The simulator's flags for one bench_cluster setup (None: not expressible)."""
-    s = cluster_setups(cfg.get("edf_concurrency", 4), cfg.get("prefills", 2))[setup_name]
+    s = cluster_setups(cfg.get("edf_concurrency", 4), cfg.get("prefills", 2),
+                       cfg.get("time_budget_ms", TIME_BUDGET_MS))[setup_name]
     if s.router != "ours":
         return None
     prefill = [_flag_pairs(f) for f in s.prefill]

@@ -50,13 +50,14 @@ def test_a_skipped_window_is_other_requests_starting_at_zero(tmp_path: Path) -> 
 
 def test_each_seed_runs_its_own_window() -> None:
     a = argparse.Namespace(quick=False, num_prompts=60, rate=1.5, setups="ours", trace="azure-conv",
-                           out=Path("/x"), rounds=1)
+                           out=Path("/x"), rounds=1, prefills=1)
     for seed in (0, 2):
         argv = bcf.bench_argv(a, seed, Path(f"/x/seed{seed}"))
         assert argv[argv.index("--seed") + 1] == str(seed)
         assert argv[argv.index("--trace-skip") + 1] == str(60 * seed)
         assert argv[argv.index("--log-dir") + 1] == f"/x/seed{seed}"
         assert "--rounds" not in argv
+        assert argv[argv.index("--prefills") + 1] == "1"  # the cluster the simulator then follows
     repeated = bcf.bench_argv(argparse.Namespace(**{**vars(a), "rounds": 3}), 1, Path("/r"))
     assert repeated[repeated.index("--rounds") + 1] == "3" and "--no-prime" in repeated
     quick = bcf.bench_argv(argparse.Namespace(**{**vars(a), "quick": True}), 1, Path("/q"))

@@ -50,6 +50,9 @@ def test_one_prefill_setups_map_to_one_instance_of_role_both() -> None:
     argv = sfc.sim_argv("ours", cfg, OPTS)
     assert argv is not None and _value(argv, "--prefill") == "1" and _value(argv, "--prefill-role") == "both"
     assert _value(argv, "--prefill-queues") == "dual"  # the dual queues stay on the one instance
+    budget = sfc.sim_argv("ours+budget", dict(cfg, time_budget_ms=300.0), OPTS)
+    assert budget is not None and _value(budget, "--prefill-time-budget-ms") == "300"
+    assert "--prefill-time-budget-ms" not in argv
     with pytest.raises(KeyError):  # no pools to move work between with one prefill
         sfc.sim_argv("ours+spill", cfg, OPTS)
 
