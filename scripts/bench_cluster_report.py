@@ -169,7 +169,7 @@ def plot(runs: list[Any], args: argparse.Namespace, path: Any) -> bool:
     a2.set_title("SLO attainment")
     for ax in (a1, a2):
         ax.legend(fontsize=7)
-    fig.suptitle(f"PD cluster (2 prefill + 1 decode), CPU: {args.num_prompts} requests of {args.trace} "
+    fig.suptitle(f"PD cluster ({args.prefills} prefill + 1 decode), CPU: {args.num_prompts} requests of {args.trace} "
                  f"(lengths x{args.length_scale}) at {args.rate:.3g} req/s; SLOs TTFT "
                  f"{args.slo_ttft_short_ms:.0f}/{args.slo_ttft_long_ms:.0f} ms, TPOT {args.slo_tpot_ms:.0f} ms",
                  fontsize=9)
