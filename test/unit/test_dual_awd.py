@@ -177,6 +177,25 @@ def test_long_queue_wait_is_bounded_under_a_stream_of_shorts() -> None:
     assert "long" in done and set(done) == {r.rid for r in shorts} | {"long"}
 
 
+def test_an_urgent_long_prompt_runs_just_in_time_under_a_stream_of_shorts() -> None:
+    """A long prompt with a TTFT SLO behind back-to-back shorts (a short-role instance: no filler
+    steps while AWD holds, as on a CPU where every short batch is due at once) and a wait bound
+    longer than its SLO: the bound alone (each chunk restarting it) let it miss; urgency runs it
+    once its slack is down to a short batch, and only then (issue 34, session 13)."""
+    cfg = _cfg(prefill_long_max_wait_ms=2000.0, chunked_prefill_size=512, prefill_role="short")
+    shorts = [_sim(f"s{i}", 0.002 * i, 32, slo=0.5) for i in range(1500)]  # 3 s of back-to-back shorts
+    # 2048 tokens: 4 chunks of ~20 ms; due at 0.5 s
+    steps, done, _ = _run(cfg, [_sim("long", 0.0, 2048, slo=0.5)] + shorts, 20.0)
+    long_steps = [t for t, plan in steps if plan[0][0] == "long"]
+    assert len(long_steps) == 4 and done["long"] <= 0.5  # in time
+    assert long_steps[0] > 0.3  # not first: the shorts had its slack
+    assert max(b - a for a, b in zip(long_steps, long_steps[1:])) < 0.03  # back to back once urgent
+    assert max(done[r.rid] - r.arrival for r in shorts) < 0.5  # and every short still meets its SLO
+    # without an SLO (--prefill-no-slo-ttft-ms, 30 s) it is never urgent here: the bound moves it
+    steps, done, _ = _run(cfg, [_sim("long", 0.0, 2048)] + shorts, 20.0)
+    assert min(t for t, plan in steps if plan[0][0] == "long") > 1.9 and done["long"] > 3.0
+
+
 def test_role_long_serves_shorts_only_when_no_long_waits_and_never_strands_them() -> None:
     cfg = _cfg(prefill_role="long", chunked_prefill_size=1024, prefill_long_max_wait_ms=1000.0)
     reqs = [_sim("L1", 0.0, 3000), _sim("s1", 0.001, 16, slo=5.0), _sim("L2", 0.002, 3000)]

@@ -13,9 +13,20 @@ chunks; any registry policy works).
 How one instance alternates (PLA-Serve runs each instance in one mode and leaves this open;
 ours): SLA-first across the two heads with a bound on the long queue's wait.
 - AWD wants to dispatch: the short batch runs, unless the long head is overdue (waited more
-  than ``prefill_long_max_wait_ms`` since it arrived or since the last long step ended): then
-  one long step runs first. So a long prompt advances at least one chunk per bound, whatever the
-  short traffic.
+  than ``prefill_long_max_wait_ms`` since it arrived or since the last long step ended) or a
+  long prompt is urgent: then one long step runs first. So a long prompt advances at least one
+  chunk per bound, whatever the short traffic.
+- Urgent (ours, issue 34): a long prompt whose slack, its deadline - now - its remaining work
+  x (1 + ``URGENT_WORK_MARGIN``), is below the short batch's predicted time (after that batch it
+  could no longer end in time) while it can still end in time if it goes now (slack without the
+  margin >= 0: one already past saving gains nothing from passing shorts that may still be in
+  time; it moves by the wait bound). The long policy then picks among the urgent ones only, so
+  the step goes to a prompt it saves. The wait bound alone is not enough once long prompts are
+  chunked finely (``--prefill-time-budget-ms``): each chunk restarts the bound, so under steady
+  short traffic a prompt of k chunks took k bounds and missed its SLO (bench_cluster, session
+  13). Running a chunk does not shrink the slack (now and the work move together, the margin
+  grows it), so an urgent prompt runs until it has slack again: just in time, shorts first
+  until then.
 - AWD holds (filling a batch): a long chunk runs meanwhile, sized by the cost model to end by
   the moment AWD wants to dispatch; with too little time left for ``MIN_CHUNK`` tokens none
   runs (the long queue's wait bound still moves it). Never a filler that overruns the moment.
@@ -46,6 +57,11 @@ from sglang_pd.scheduling.prefill.threshold import ShortThreshold
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
 
+# urgency's margin on a long prompt's predicted remaining work: the cost model is fitted online
+# and a TTFT ends after the prefill (the KV hand-off, the decode's first step), so just in time
+# by the model alone lands late
+URGENT_WORK_MARGIN = 0.25
+
 
 class DualQueuePrefillPolicy(PrefillPolicy):
     serves_roles = True  # budget.role picks which queue goes first
@@ -68,6 +84,8 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         self.last_long_step = float("-inf")
         self.last_short_step = float("-inf")
         self.last_class = ""  # class of the last step this policy planned
+        self.no_slo_s = cfg.prefill_no_slo_ttft_ms / 1e3  # as the deadline policies (common.py)
+        self.margin_s = cfg.prefill_deadline_margin_ms / 1e3
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -150,6 +168,11 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             return self._short_now(q.sub(short_idx), now, budget)
         short = q.sub(short_idx)
         decision = self.awd.decide(short, now, budget.token_budget, budget.new_req_slots + short.n_started)
+        if decision.batch and len(long_idx) and not long_overdue:  # an urgent one goes first, alone
+            urgent = self.long_urgent(q.sub(long_idx), self._batch_s(decision, budget.chunk_size),
+                                      now, budget.chunk_size)
+            if urgent.any():
+                return self._long(self._part(waiting, q, long_idx[urgent]), now, budget)
         if decision.batch and not long_overdue:
             return self._short(decision, now, budget)
         if len(long_idx) and (long_overdue or not len(short_idx) or budget.role == "both"):
@@ -169,6 +192,27 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         if decision.hold_until is not None:
             budget.hold_until(decision.hold_until)
         return []
+
+    def long_urgent(self, long: Queue[R], short_s: float, now: float, chunk: int) -> np.ndarray:
+        """Which long prompts would miss their deadline if a short step of ``short_s`` ran
+        first but not if they went now (module docstring: "Urgent"); the long policy then picks
+        among those only, so the step serves the one it is for. Requests without a TTFT SLO
+        count ``--prefill-no-slo-ttft-ms``, as the deadline policies do."""
+        work = self.model.request_times_array(long.rem, long.pre, chunk, empty_is_zero=True)
+        slack = long.slos(self.no_slo_s) + long.arrival - self.margin_s - now - work
+        # saved only by going now: late with the short step first (margin on), in time without it
+        # (a prompt already past saving gains nothing from going first, and the shorts it would
+        # pass may still be in time: it moves by the wait bound, as before)
+        urgent: np.ndarray = (slack - URGENT_WORK_MARGIN * work < short_s) & (slack >= 0.0)
+        return urgent
+
+    def _batch_s(self, decision: AwdDecision, chunk: int) -> float:
+        """The short batch's predicted time: its new tokens as one step (shorts fit a chunk)."""
+        if decision.queue is not None and decision.positions is not None:
+            tokens = int(decision.queue.rem[decision.positions].sum())
+        else:
+            tokens = sum(r.prefill_remaining for r in decision.batch)
+        return self.model.request_s(tokens, 0, chunk)
 
     def _grant_all(self, reqs: Sequence[R] | Queue[R], budget: PrefillBudget) -> list[tuple[R, int]]:
         """``budget.grant`` to each in order: a request that needs a new slot when none is left
