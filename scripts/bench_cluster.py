@@ -21,7 +21,7 @@ the logs for tracebacks. Setups (``--list`` prints them):
       ours-no-slack     ours with continuous decode (no slack+)
       ours+reserve      ours with slack+ keeping the decode table's p90 overrun in reserve
                         (--decode-reserve-quantile 0.9)
-      ours+budget       ours with long chunks sized to end within 400 ms (--time-budget-ms)
+      ours+budget       ours with long chunks sized to end within 700 ms (--time-budget-ms)
       ours+controller   ours with the pool controller on (an addition: it moves instances)
       ours+spill        ours with length_aware_spill routing (item 0: idle short instances take longs)
       ours+cond         ours with --conditional-disagg on (item 3: a short prompt is prefilled on the

@@ -19,10 +19,13 @@ OURS_PREFILL = ("--prefill-policy", "kairos+", "--prefill-queues", "dual")
 # answered at once (our prefill's default, --disaggregation-prefill-handoff-wait-ms 50).
 AS_SGLANG_PREFILL = ("--disaggregation-prefill-handoff-wait-ms", "0")
 # ours+budget: Medha's adaptive chunking as a preemption quantum on the prefill servers (a long
-# prompt's chunks sized to end within it, so a short waits at most about this long behind one);
-# off in `ours`, as the servers' default. 400 ms: well inside the 1 s short SLO at a short
-# batch's ~200-300 ms on this CPU (docs/bench_cluster.md, session 13).
-TIME_BUDGET_MS = 400.0
+# prompt's chunks sized to end within it, so a short waits behind at most one such chunk); off in
+# `ours`, as the servers' default. A long prompt with slack yields up to 40% of it (chunking.py,
+# rho <= 0.4), so its chunks take ~0.6 x 700 = 420 ms here: a short then waits at most that,
+# inside the 1 s short SLO beside its own ~200-300 ms batch on this CPU. 400 ms was tried first:
+# as good for shorts, but twice the chunks, each paying the step's fixed cost, and a long prompt
+# missed its SLO in one of two rounds (docs/bench_cluster.md, session 13).
+TIME_BUDGET_MS = 700.0
 POOL_SETUPS = ("ours-no-pools", "ours+controller", "ours+spill")  # the same as ours with one prefill
 
 
