@@ -12,6 +12,7 @@ from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCoeffs, PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher
 from sglang_pd.scheduling.prefill.chunking import largest_chunk
+from sglang_pd.scheduling.prefill.common import Queue
 from sglang_pd.scheduling.prefill.dual import DualQueuePrefillPolicy
 from sglang_pd.scheduling.registry import create_decode_policy, create_prefill_policy
 from sglang_pd.scheduling.types import PrefillBudget
@@ -194,6 +195,21 @@ def test_an_urgent_long_prompt_runs_just_in_time_under_a_stream_of_shorts() -> N
     # without an SLO (--prefill-no-slo-ttft-ms, 30 s) it is never urgent here: the bound moves it
     steps, done, _ = _run(cfg, [_sim("long", 0.0, 2048)] + shorts, 20.0)
     assert min(t for t, plan in steps if plan[0][0] == "long") > 1.9 and done["long"] > 3.0
+
+
+def test_urgency_passes_shorts_only_for_a_prompt_it_saves() -> None:
+    cfg = _cfg(chunked_prefill_size=512)
+    policy = DualQueuePrefillPolicy(cfg, create_prefill_policy("fcfs", _cfg(prefill_queues="single")),
+                                    PrefillCostModel.fixed(COEFFS))
+    # 2048 tokens left: 4 chunks of 20.24 ms = ~81 ms of work; a short step of 10 ms next
+    longs = [FakeReq("tight", 0.0, 2048, slo_ttft_s=0.1),  # slack 19 ms: saved only by going now
+             FakeReq("loose", 0.0, 2048, slo_ttft_s=1.0),  # slack 0.9 s: the shorts go first
+             FakeReq("late", 0.0, 2048, slo_ttft_s=0.05),  # past saving, not started: the bound moves it
+             # started too: a late partial that went first would hold the shorts behind it for
+             # all it has left (issue 28's Medha scenario, test_colocated_interleave.py)
+             FakeReq("late_started", 0.0, 2560, prefilled_len=512, slo_ttft_s=0.05)]
+    urgent = policy.long_urgent(Queue(longs), 0.010, 0.0, 512)
+    assert [r.rid for r, u in zip(longs, urgent) if u] == ["tight"]
 
 
 def test_role_long_serves_shorts_only_when_no_long_waits_and_never_strands_them() -> None:
