@@ -37,7 +37,7 @@ two setups, a CI smoke (scripts/ and the bench package only; no figures worth qu
 No CUDA graphs on CPU: the short-prefill graph buckets of the short pool show nothing here.
 How long: each setup starts its servers (~35 s on 2 cores), replays the workload's span
 (--num-prompts / --rate: 80 at 1.5 req/s is ~53 s) and drains; ~1-2 min a setup, ~15-25 min
-for all fifteen at the defaults. Setups run one after another, so a busy machine can shift a
+for all sixteen at the defaults. Setups run one after another, so a busy machine can shift a
 whole row: --rounds N runs them N times in alternating order (after an unmeasured --prime
 cluster) and summarises each setup's mean and range. --decode-log: one line
 per decode decision in the decode server's log (engine/decode_log.py). --request-log: one line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from policy_helpers import CountingKV, FakeReq
@@ -208,7 +209,7 @@ def test_urgency_passes_shorts_only_for_a_prompt_it_saves() -> None:
              # started too: a late partial that went first would hold the shorts behind it for
              # all it has left (issue 28's Medha scenario, test_colocated_interleave.py)
              FakeReq("late_started", 0.0, 2560, prefilled_len=512, slo_ttft_s=0.05)]
-    urgent = policy.long_urgent(Queue(longs), 0.010, 0.0, 512)
+    urgent = policy.long_urgent(Queue(longs), np.arange(len(longs)), 0.010, 0.0, 512)
     assert [r.rid for r, u in zip(longs, urgent) if u] == ["tight"]
 
 

@@ -47,7 +47,8 @@ from sglang_pd.scheduling.prefill.walk import walk
 from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R
 
-__all__ = ["DeadlinePolicy", "Order", "Queue", "fcfs_finish", "fcfs_finish_array", "stable_order", "walk"]
+__all__ = ["DeadlinePolicy", "Order", "Queue", "fcfs_finish", "fcfs_finish_array", "queue_deadlines",
+           "stable_order", "walk"]
 
 
 class DeadlinePolicy(PrefillPolicy):
@@ -79,13 +80,7 @@ class DeadlinePolicy(PrefillPolicy):
         return req.arrival + (req.slo_ttft_s or self.no_slo_s) - self.margin_s
 
     def deadlines(self, q: Queue[R]) -> np.ndarray:
-        if q.due is not None and q.due_default == self.no_slo_s:  # kept by the waiting queue:
-            due: np.ndarray = q.due - self.margin_s  # the same sum, per request, then this
-            return due
-        d = q.slos(self.no_slo_s)  # a new array: summed into in place (a + b == b + a)
-        d += q.arrival
-        d -= self.margin_s
-        return d
+        return queue_deadlines(q, self.no_slo_s, self.margin_s)
 
     def deadlines_minus(self, q: Queue[R], x: np.ndarray | float) -> np.ndarray:
         """``deadlines(q) - x``, a new array: without a margin one subtraction from the queue's
@@ -130,6 +125,18 @@ class DeadlinePolicy(PrefillPolicy):
         if chunker is not None or cut is None:
             return walk(q, order, budget, self.max_partial, fits, chunker)
         return walk(q, order, budget, self.max_partial, cut=cut)
+
+
+def queue_deadlines(q: Queue[R], no_slo_s: float, margin_s: float) -> np.ndarray:
+    """Every request's TTFT deadline: arrival + (its SLO or ``no_slo_s``) - ``margin_s``, a new
+    array (the deadline policies' ``deadlines``; dual queues' urgency reads it too)."""
+    if q.due is not None and q.due_default == no_slo_s:  # kept by the waiting queue:
+        due: np.ndarray = q.due - margin_s  # the same sum, per request, then this
+        return due
+    d = q.slos(no_slo_s)  # a new array: summed into in place (a + b == b + a)
+    d += q.arrival
+    d -= margin_s
+    return d
 
 
 def fcfs_finish_array(arrivals: np.ndarray, works: np.ndarray, now: float, distinct: bool = False,

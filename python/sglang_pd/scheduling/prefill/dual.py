@@ -52,8 +52,9 @@ from sglang_pd.scheduling.config import PolicyConfig
 from sglang_pd.scheduling.cost_model import PrefillCostModel
 from sglang_pd.scheduling.prefill.awd import AwdBatcher, AwdDecision
 from sglang_pd.scheduling.prefill.chunking import MIN_CHUNK, largest_chunk
-from sglang_pd.scheduling.prefill.common import Queue
+from sglang_pd.scheduling.prefill.common import Queue, queue_deadlines
 from sglang_pd.scheduling.prefill.threshold import ShortThreshold
+from sglang_pd.scheduling.slo import no_slo_ttft_s
 from sglang_pd.scheduling.types import PrefillBudget, PrefillPolicy, R, SchedReq
 from sglang_pd.scheduling.waiting import WaitingQueue
 
@@ -84,7 +85,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         self.last_long_step = float("-inf")
         self.last_short_step = float("-inf")
         self.last_class = ""  # class of the last step this policy planned
-        self.no_slo_s = cfg.prefill_no_slo_ttft_ms / 1e3  # as the deadline policies (common.py)
+        self.no_slo_s = no_slo_ttft_s(cfg)  # deadlines as the deadline policies read them (common.py)
         self.margin_s = cfg.prefill_deadline_margin_ms / 1e3
 
     @property
@@ -169,7 +170,7 @@ class DualQueuePrefillPolicy(PrefillPolicy):
         short = q.sub(short_idx)
         decision = self.awd.decide(short, now, budget.token_budget, budget.new_req_slots + short.n_started)
         if decision.batch and len(long_idx) and not long_overdue:  # an urgent one goes first, alone
-            urgent = self.long_urgent(q.sub(long_idx), self._batch_s(decision, budget.chunk_size),
+            urgent = self.long_urgent(q, long_idx, self._batch_s(decision, budget.chunk_size),
                                       now, budget.chunk_size)
             if urgent.any():
                 return self._long(self._part(waiting, q, long_idx[urgent]), now, budget)
@@ -193,13 +194,13 @@ class DualQueuePrefillPolicy(PrefillPolicy):
             budget.hold_until(decision.hold_until)
         return []
 
-    def long_urgent(self, long: Queue[R], short_s: float, now: float, chunk: int) -> np.ndarray:
-        """Which long prompts would miss their deadline if a short step of ``short_s`` ran
-        first but not if they went now (module docstring: "Urgent"); the long policy then picks
-        among those only, so the step serves the one it is for. Requests without a TTFT SLO
-        count ``--prefill-no-slo-ttft-ms``, as the deadline policies do."""
-        work = self.model.request_times_array(long.rem, long.pre, chunk, empty_is_zero=True)
-        slack = long.slos(self.no_slo_s) + long.arrival - self.margin_s - now - work
+    def long_urgent(self, q: Queue[R], idx: np.ndarray, short_s: float, now: float, chunk: int) -> np.ndarray:
+        """Which of the long prompts at ``idx`` would miss their deadline if a short step of
+        ``short_s`` ran first but not if they went now (module docstring: "Urgent"); the long
+        policy then picks among those only, so the step serves the one it is for. Deadlines as
+        the deadline policies read them (``queue_deadlines``: the waiting queue's kept column)."""
+        work = self.model.request_times_array(q.rem[idx], q.pre[idx], chunk, empty_is_zero=True)
+        slack = queue_deadlines(q, self.no_slo_s, self.margin_s)[idx] - now - work
         # saved only by going now: late with the short step first (margin on), in time without it
         # (a prompt already past saving gains nothing from going first, and the shorts it would
         # pass may still be in time: it moves by the wait bound, as before)
